@@ -1,0 +1,40 @@
+// Autoregressive sampling from any tinylm language model.
+// B = batch, T = prompt length, N = max_new_tokens, V = vocab size
+#pragma once
+
+#include <tinylm/nn/model.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace tinylm {
+
+struct GenerateOptions {
+  /// How many tokens to append. Must be >= 0.
+  int64_t max_new_tokens = 16;
+  /// Logits are divided by this before softmax. Must be > 0.
+  double temperature = 1.0;
+  /// Keep only the k most likely tokens; k <= 0 means off; k is capped at V.
+  int64_t top_k = 0;
+  /// Nucleus sampling: keep the smallest set whose probability reaches top_p; 1 = off.
+  double top_p = 1.0;
+  /// Always take the most likely token (temperature, top-k and top-p are then unused).
+  bool greedy = false;
+  /// Seeds a private generator: the same seed gives the same tokens, and the global
+  /// RNG is left untouched. Without a seed, the global CPU generator is used.
+  std::optional<uint64_t> seed;
+};
+
+/// prompt: (B, T) int64, T >= 1. Returns (B, T + N): the prompt followed by N new
+/// tokens. When the running sequence is longer than the model's context, only the
+/// last context_length tokens are fed (sliding window). Runs without gradients in
+/// eval mode and restores the model's train/eval mode afterwards. Sampling happens
+/// on the CPU from a private generator, so a seed gives the same tokens on any device.
+torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
+                       const GenerateOptions& options);
+
+/// Applies temperature, top-k and top-p to logits (B, V) and returns the
+/// probabilities (B, V) that sampling draws from. Exposed for tests.
+torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options);
+
+}  // namespace tinylm

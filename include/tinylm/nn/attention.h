@@ -1,0 +1,65 @@
+// Multi-head self-attention with one fused QKV projection.
+// B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace tinylm::nn {
+
+struct MultiHeadSelfAttentionOptions {
+  MultiHeadSelfAttentionOptions(int64_t d_model, int64_t n_heads, int64_t max_context_length)
+      : d_model_(d_model), n_heads_(n_heads), max_context_length_(max_context_length) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, n_heads);
+  TORCH_ARG(int64_t, max_context_length);
+  /// Drop probability on the attention weights (training only). Default 0.
+  TORCH_ARG(double, attn_dropout) = 0.0;
+  /// Drop probability on the output projection (training only). Default 0.
+  TORCH_ARG(double, out_dropout) = 0.0;
+  /// Mask future positions (decoder). false = bidirectional (encoder).
+  TORCH_ARG(bool, causal) = true;
+  /// Biases on the QKV and output projections.
+  TORCH_ARG(bool, bias) = true;
+};
+
+/// What attention returns: the output (B, T, D) and, when asked, weights (B, H, T, T).
+struct AttentionOutput {
+  torch::Tensor output;
+  torch::Tensor weights;  // undefined unless requested
+};
+
+/// (B, T, D) -> (B, H, T, D/H): view then transpose.
+torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads);
+/// (B, H, T, Dh) -> (B, T, H*Dh): the inverse of split_heads.
+torch::Tensor merge_heads(const torch::Tensor& x);
+
+class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAttentionImpl> {
+ public:
+  explicit MultiHeadSelfAttentionImpl(const MultiHeadSelfAttentionOptions& options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+
+  /// x: (B, T, D). padding_mask (optional): (B, T) bool, true where the token is real;
+  /// keys at padded positions receive no attention. A query that can see no key at all
+  /// (e.g. a left-padded position under the causal mask) gets all-zero weights.
+  AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
+                          const torch::Tensor& padding_mask = {});
+
+  int64_t d_head() const { return options.d_model() / options.n_heads(); }
+  int64_t n_heads() const { return options.n_heads(); }
+
+  MultiHeadSelfAttentionOptions options;
+  torch::nn::Linear qkv_proj{nullptr};  // D -> 3D, output split as q | k | v
+  torch::nn::Linear out_proj{nullptr};  // D -> D
+  torch::Tensor causal_mask;            // (C, C) lower-triangular bool, non-persistent
+};
+TORCH_MODULE(MultiHeadSelfAttention);
+
+}  // namespace tinylm::nn

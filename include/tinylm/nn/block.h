@@ -1,0 +1,73 @@
+// FeedForward and the transformer block (pre-LN or post-LN).
+// B = batch, T = sequence length, D = d_model, H = heads
+#pragma once
+
+#include <tinylm/nn/attention.h>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+namespace tinylm::nn {
+
+struct FeedForwardOptions {
+  explicit FeedForwardOptions(int64_t d_model) : d_model_(d_model) {}
+  TORCH_ARG(int64_t, d_model);
+  /// Hidden width = expansion * d_model.
+  TORCH_ARG(int64_t, expansion) = 4;
+  /// Dropout after the second projection (training only).
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(bool, bias) = true;
+};
+
+/// Linear(D, eD) -> GELU (tanh approximation) -> Linear(eD, D) -> dropout.
+class FeedForwardImpl : public torch::nn::Cloneable<FeedForwardImpl> {
+ public:
+  explicit FeedForwardImpl(const FeedForwardOptions& options);
+  void reset() override;
+  void pretty_print(std::ostream& os) const override;
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, D) -> (B, T, D)
+
+  FeedForwardOptions options;
+  torch::nn::Linear fc{nullptr};    // D -> eD
+  torch::nn::Linear proj{nullptr};  // eD -> D (a residual projection)
+};
+TORCH_MODULE(FeedForward);
+
+struct TransformerBlockOptions {
+  TransformerBlockOptions(int64_t d_model, int64_t n_heads, int64_t context_length)
+      : d_model_(d_model), n_heads_(n_heads), context_length_(context_length) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, n_heads);
+  TORCH_ARG(int64_t, context_length);
+  TORCH_ARG(int64_t, mlp_expansion) = 4;
+  TORCH_ARG(double, attn_dropout) = 0.0;
+  /// Dropout on each residual branch (attention output and MLP output).
+  TORCH_ARG(double, residual_dropout) = 0.0;
+  TORCH_ARG(bool, bias) = true;
+  /// true: x + attn(ln1(x)), x + mlp(ln2(x)).  false: ln1(x + attn(x)), ln2(x + mlp(x)).
+  TORCH_ARG(bool, pre_ln) = true;
+  TORCH_ARG(bool, causal) = true;
+  TORCH_ARG(double, ln_eps) = 1e-5;
+};
+
+class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
+ public:
+  explicit TransformerBlockImpl(const TransformerBlockOptions& options);
+  void reset() override;
+  void pretty_print(std::ostream& os) const override;
+  /// x: (B, T, D) -> (B, T, D); weights (B, H, T, T) when asked.
+  AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
+                          const torch::Tensor& padding_mask = {});
+
+  TransformerBlockOptions options;
+  torch::nn::LayerNorm ln1{nullptr};
+  MultiHeadSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln2{nullptr};
+  FeedForward mlp{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+}  // namespace tinylm::nn

@@ -1,0 +1,86 @@
+// Token and learned positional embeddings.
+// B = batch, T = sequence length, D = d_model, V = vocab size, C = max context length
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace tinylm::nn {
+
+struct TokenEmbeddingOptions {
+  TokenEmbeddingOptions(int64_t vocab_size, int64_t d_model)
+      : vocab_size_(vocab_size), d_model_(d_model) {}
+  TORCH_ARG(int64_t, vocab_size);
+  TORCH_ARG(int64_t, d_model);
+  /// Standard deviation of the N(0, std) initialisation.
+  TORCH_ARG(double, init_std) = 0.02;
+};
+
+/// A lookup table: ids (B, T) int64 -> (B, T, D).
+class TokenEmbeddingImpl : public torch::nn::Cloneable<TokenEmbeddingImpl> {
+ public:
+  explicit TokenEmbeddingImpl(const TokenEmbeddingOptions& options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+  torch::Tensor forward(const torch::Tensor& ids);
+
+  TokenEmbeddingOptions options;
+  torch::Tensor weight;  // (V, D)
+};
+TORCH_MODULE(TokenEmbedding);
+
+struct LearnedPositionalEmbeddingOptions {
+  LearnedPositionalEmbeddingOptions(int64_t max_context_length, int64_t d_model)
+      : max_context_length_(max_context_length), d_model_(d_model) {}
+  TORCH_ARG(int64_t, max_context_length);
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(double, init_std) = 0.02;
+};
+
+/// A trained table of position vectors; forward(T) returns rows [0, T): (T, D).
+class LearnedPositionalEmbeddingImpl
+    : public torch::nn::Cloneable<LearnedPositionalEmbeddingImpl> {
+ public:
+  explicit LearnedPositionalEmbeddingImpl(const LearnedPositionalEmbeddingOptions& options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+  torch::Tensor forward(int64_t seq_len);
+
+  LearnedPositionalEmbeddingOptions options;
+  torch::Tensor weight;  // (C, D)
+};
+TORCH_MODULE(LearnedPositionalEmbedding);
+
+struct SinusoidalPositionalEmbeddingOptions {
+  SinusoidalPositionalEmbeddingOptions(int64_t max_context_length, int64_t d_model)
+      : max_context_length_(max_context_length), d_model_(d_model) {}
+  TORCH_ARG(int64_t, max_context_length);
+  TORCH_ARG(int64_t, d_model);
+  /// angle = p / base^(2i / D)
+  TORCH_ARG(double, base) = 10000.0;
+};
+
+/// Fixed sin/cos table `pe` (C, D): pe[p, 2i] = sin(p / base^(2i/D)),
+/// pe[p, 2i+1] = cos(same). No parameters; `pe` is a non-persistent buffer
+/// (moved by .to(), never written to checkpoints: it is rebuilt from the options).
+class SinusoidalPositionalEmbeddingImpl
+    : public torch::nn::Cloneable<SinusoidalPositionalEmbeddingImpl> {
+ public:
+  explicit SinusoidalPositionalEmbeddingImpl(const SinusoidalPositionalEmbeddingOptions& options);
+  void reset() override;
+  void pretty_print(std::ostream& os) const override;
+  /// The first seq_len rows of the table: (T, D).
+  torch::Tensor forward(int64_t seq_len);
+
+  SinusoidalPositionalEmbeddingOptions options;
+  torch::Tensor pe;  // (C, D)
+};
+TORCH_MODULE(SinusoidalPositionalEmbedding);
+
+}  // namespace tinylm::nn

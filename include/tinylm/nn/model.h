@@ -1,0 +1,141 @@
+// Language models: the reference TinyAttentionLM and the TransformerLM block stack.
+// B = batch, T = sequence length, D = d_model, V = vocab size, L = layers, H = heads
+#pragma once
+
+#include <tinylm/nn/attention.h>
+#include <tinylm/nn/block.h>
+#include <tinylm/nn/embedding.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tinylm::nn {
+
+/// What a language model returns.
+struct LMOutput {
+  torch::Tensor logits;                  // (B, T, V)
+  std::vector<torch::Tensor> attention;  // one (B, H, T, T) per attention layer, if asked
+};
+
+/// The interface every tinylm language model implements, so that training,
+/// evaluation and generation work with any of them.
+class LanguageModelImpl : public torch::nn::Module {
+ public:
+  using torch::nn::Module::Module;
+  /// ids: (B, T) int64 in [0, V), T <= context_length().
+  virtual LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
+                           const torch::Tensor& padding_mask = {}) = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_length() const = 0;
+};
+using LanguageModel = std::shared_ptr<LanguageModelImpl>;
+
+/// Checks ids for any language model: rank 2, int64, 1 <= T <= context, ids in [0, V).
+void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
+                     int64_t context_length);
+
+// ---- the reference model -------------------------------------------------------
+
+struct TinyAttentionLMOptions {
+  TinyAttentionLMOptions(int64_t vocab_size, int64_t d_model, int64_t n_heads,
+                         int64_t max_context_length)
+      : vocab_size_(vocab_size), d_model_(d_model), n_heads_(n_heads),
+        max_context_length_(max_context_length) {}
+  TORCH_ARG(int64_t, vocab_size);
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, n_heads);
+  TORCH_ARG(int64_t, max_context_length);
+  TORCH_ARG(double, pos_base) = 10000.0;
+};
+
+/// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
+/// LM head Linear(D, V). No norm, no MLP, no residual: exactly the reference.
+class TinyAttentionLMImpl : public LanguageModelImpl {
+ public:
+  explicit TinyAttentionLMImpl(const TinyAttentionLMOptions& options);
+  void pretty_print(std::ostream& os) const override;
+  LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
+                   const torch::Tensor& padding_mask = {}) override;
+  int64_t vocab_size() const override { return options.vocab_size(); }
+  int64_t context_length() const override { return options.max_context_length(); }
+
+  TinyAttentionLMOptions options;
+  TokenEmbedding token_embedding{nullptr};
+  SinusoidalPositionalEmbedding positions{nullptr};
+  MultiHeadSelfAttention attention{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(TinyAttentionLM);
+
+// ---- the block stack -----------------------------------------------------------
+
+enum class PositionEncoding { learned, sinusoidal, none };
+const char* to_string(PositionEncoding p);
+/// "learned" | "sinusoidal" | "none"; throws on anything else.
+PositionEncoding position_encoding_from_string(const std::string& s);
+
+struct TransformerLMOptions {
+  TransformerLMOptions(int64_t vocab_size, int64_t context_length, int64_t d_model,
+                       int64_t n_heads, int64_t n_layers)
+      : vocab_size_(vocab_size), context_length_(context_length), d_model_(d_model),
+        n_heads_(n_heads), n_layers_(n_layers) {}
+  /// GPT-2 small: V 50257, C 1024, D 768, 12 heads, 12 layers, biases, tied head.
+  static TransformerLMOptions gpt2_small();
+
+  TORCH_ARG(int64_t, vocab_size);
+  TORCH_ARG(int64_t, context_length);
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(int64_t, n_heads);
+  TORCH_ARG(int64_t, n_layers);
+  TORCH_ARG(int64_t, mlp_expansion) = 4;
+  /// Dropout after the embeddings and on every residual branch.
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(double, attn_dropout) = 0.0;
+  TORCH_ARG(bool, bias) = true;
+  TORCH_ARG(bool, pre_ln) = true;
+  /// LM head (no bias) shares its weight with the token embedding: one parameter.
+  TORCH_ARG(bool, tie_weights) = true;
+  TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;
+  TORCH_ARG(double, pos_base) = 10000.0;
+};
+
+/// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
+/// Init (GPT-2): Linear/Embedding weights N(0, 0.02), biases 0, and the residual
+/// projections (attn.out_proj, mlp.proj) N(0, 0.02 / sqrt(2 L)).
+class TransformerLMImpl : public LanguageModelImpl {
+ public:
+  explicit TransformerLMImpl(const TransformerLMOptions& options);
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+  LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
+                   const torch::Tensor& padding_mask = {}) override;
+  /// The final LayerNorm's output (B, T, D), before the LM head.
+  torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& padding_mask = {},
+                       std::vector<torch::Tensor>* weights = nullptr);
+  /// The LM head's weight (V, D): the token embedding's own tensor when tied.
+  torch::Tensor lm_head_weight() const;
+  int64_t vocab_size() const override { return options.vocab_size(); }
+  int64_t context_length() const override { return options.context_length(); }
+
+  TransformerLMOptions options;
+  TokenEmbedding token_embedding{nullptr};
+  LearnedPositionalEmbedding learned_positions{nullptr};         // positions == learned
+  SinusoidalPositionalEmbedding sinusoidal_positions{nullptr};   // positions == sinusoidal
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // only when not tied
+};
+TORCH_MODULE(TransformerLM);
+
+/// Number of distinct parameter tensors' elements: a tied tensor counts once.
+int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace tinylm::nn

@@ -1,0 +1,10 @@
+// tinylm: tiny transformer language models on LibTorch. The umbrella header.
+#pragma once
+
+#include <tinylm/data/tasks.h>
+#include <tinylm/generate.h>
+#include <tinylm/nn/attention.h>
+#include <tinylm/nn/block.h>
+#include <tinylm/nn/embedding.h>
+#include <tinylm/nn/model.h>
+#include <tinylm/version.h>

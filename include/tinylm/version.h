@@ -1,0 +1,6 @@
+#pragma once
+
+#define TINYLM_VERSION_MAJOR 0
+#define TINYLM_VERSION_MINOR 1
+#define TINYLM_VERSION_PATCH 0
+#define TINYLM_VERSION_STRING "0.1.0"

@@ -1,0 +1,97 @@
+// Autoregressive sampling.
+// B = batch, T = running length, C = context length, V = vocab size
+#include <tinylm/generate.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace tinylm {
+
+namespace {
+
+void check_sampling_options(const GenerateOptions& o) {
+  TORCH_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ",
+              o.max_new_tokens);
+  TORCH_CHECK(o.temperature > 0, "generate: temperature must be > 0, got ", o.temperature,
+              " (use greedy decoding for deterministic output)");
+  TORCH_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p must be in (0, 1], got ", o.top_p);
+}
+
+/// Puts a module back in the train/eval mode it had, however the scope is left.
+class TrainingModeGuard {
+ public:
+  explicit TrainingModeGuard(torch::nn::Module& m) : module_(m), was_training_(m.is_training()) {}
+  ~TrainingModeGuard() { module_.train(was_training_); }
+  TrainingModeGuard(const TrainingModeGuard&) = delete;
+  TrainingModeGuard& operator=(const TrainingModeGuard&) = delete;
+
+ private:
+  torch::nn::Module& module_;
+  bool was_training_;
+};
+
+}  // namespace
+
+torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options) {
+  check_sampling_options(options);
+  TORCH_CHECK(logits.dim() == 2, "sampling_probabilities: expected logits (B, V), got shape ",
+              logits.sizes());
+  const int64_t V = logits.size(1);
+  auto l = logits.to(torch::kFloat32) / options.temperature;  // (B, V)
+  if (options.top_k > 0 && options.top_k < V) {
+    auto kth = std::get<0>(l.topk(options.top_k, /*dim=*/-1)).narrow(1, options.top_k - 1, 1);
+    l = l.masked_fill(l < kth, -std::numeric_limits<float>::infinity());  // keep >= k-th
+  }
+  auto probs = torch::softmax(l, /*dim=*/-1);  // (B, V)
+  if (options.top_p < 1.0) {
+    auto [sorted, order] = probs.sort(/*dim=*/-1, /*descending=*/true);  // (B, V) each
+    // Drop a token when the tokens ranked above it already reach top_p; the first stays.
+    auto before = sorted.cumsum(-1) - sorted;
+    auto drop_sorted = before >= options.top_p;
+    auto drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
+    probs = probs.masked_fill(drop, 0.0);
+    probs = probs / probs.sum(-1, /*keepdim=*/true);
+  }
+  return probs;
+}
+
+torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
+                       const GenerateOptions& options) {
+  check_sampling_options(options);
+  TORCH_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(0) >= 1 && prompt.size(1) >= 1,
+              "generate: prompt must be (B, T) with B, T >= 1, got shape ",
+              prompt.defined() ? prompt.sizes() : torch::IntArrayRef{});
+  TORCH_CHECK(prompt.scalar_type() == torch::kLong, "generate: prompt must be int64, got ",
+              prompt.scalar_type());
+
+  TrainingModeGuard restore_mode(model);
+  model.eval();
+  torch::NoGradGuard no_grad;
+
+  const auto params = model.parameters();
+  const auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  c10::optional<at::Generator> gen;
+  if (options.seed) gen = at::make_generator<at::CPUGeneratorImpl>(*options.seed);
+
+  const int64_t C = model.context_length();
+  auto seq = prompt.to(device);  // (B, T)
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    const int64_t T = seq.size(1);
+    auto window = seq.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));  // (B, <= C)
+    auto logits = model.forward(window).logits.select(1, -1);                  // (B, V)
+    torch::Tensor next;                                                        // (B, 1)
+    if (options.greedy) {
+      next = logits.argmax(-1, /*keepdim=*/true);
+    } else {
+      auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
+      next = torch::multinomial(probs, 1, /*replacement=*/false, gen).to(device);
+    }
+    seq = torch::cat({seq, next}, /*dim=*/1);  // (B, T + 1)
+  }
+  return seq;
+}
+
+}  // namespace tinylm

@@ -1,0 +1,118 @@
+// Multi-head self-attention.
+// B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
+#include <tinylm/nn/attention.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+namespace tinylm::nn {
+
+torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads) {
+  TORCH_CHECK(x.dim() == 3, "split_heads: expected (B, T, D), got rank ", x.dim());
+  TORCH_CHECK(n_heads >= 1 && x.size(2) % n_heads == 0, "split_heads: D=", x.size(2),
+              " is not divisible by n_heads=", n_heads);
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+  return x.view({B, T, n_heads, D / n_heads})  // (B, T, H, Dh)
+      .transpose(1, 2);                        // (B, H, T, Dh)
+}
+
+torch::Tensor merge_heads(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4, "merge_heads: expected (B, H, T, Dh), got rank ", x.dim());
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), Dh = x.size(3);
+  return x.transpose(1, 2)             // (B, T, H, Dh)
+      .contiguous()
+      .view({B, T, H * Dh});           // (B, T, D)
+}
+
+MultiHeadSelfAttentionImpl::MultiHeadSelfAttentionImpl(
+    const MultiHeadSelfAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void MultiHeadSelfAttentionImpl::reset() {
+  const int64_t D = options.d_model(), H = options.n_heads(), C = options.max_context_length();
+  TORCH_CHECK(D >= 1, "MultiHeadSelfAttention: d_model must be >= 1, got ", D);
+  TORCH_CHECK(H >= 1, "MultiHeadSelfAttention: n_heads must be >= 1, got ", H);
+  TORCH_CHECK(D % H == 0, "MultiHeadSelfAttention: d_model ", D,
+              " must be divisible by n_heads ", H);
+  TORCH_CHECK(C >= 1, "MultiHeadSelfAttention: max_context_length must be >= 1, got ", C);
+  TORCH_CHECK(options.attn_dropout() >= 0 && options.attn_dropout() < 1,
+              "MultiHeadSelfAttention: attn_dropout must be in [0, 1), got ",
+              options.attn_dropout());
+  TORCH_CHECK(options.out_dropout() >= 0 && options.out_dropout() < 1,
+              "MultiHeadSelfAttention: out_dropout must be in [0, 1), got ", options.out_dropout());
+  qkv_proj = register_module(
+      "qkv_proj", torch::nn::Linear(torch::nn::LinearOptions(D, 3 * D).bias(options.bias())));
+  out_proj = register_module(
+      "out_proj", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
+  causal_mask = register_buffer("causal_mask", torch::ones({C, C}, torch::kBool).tril());
+}
+
+void MultiHeadSelfAttentionImpl::reset_parameters() {
+  qkv_proj->reset_parameters();
+  out_proj->reset_parameters();
+}
+
+void MultiHeadSelfAttentionImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::MultiHeadSelfAttention(d_model=" << options.d_model()
+     << ", n_heads=" << options.n_heads() << ", max_context_length="
+     << options.max_context_length() << ", causal=" << (options.causal() ? "true" : "false")
+     << ")";
+}
+
+AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool return_weights,
+                                                    const torch::Tensor& padding_mask) {
+  const int64_t D = options.d_model(), H = options.n_heads();
+  TORCH_CHECK(x.dim() == 3, "MultiHeadSelfAttention: expected input of rank 3 (B, T, D), got rank ",
+              x.dim(), " with shape ", x.sizes());
+  const int64_t B = x.size(0), T = x.size(1);
+  TORCH_CHECK(x.size(2) == D, "MultiHeadSelfAttention: input feature dim ", x.size(2),
+              " does not match d_model ", D);
+  TORCH_CHECK(T >= 1, "MultiHeadSelfAttention: sequence length must be >= 1, got ", T);
+  TORCH_CHECK(T <= options.max_context_length(), "MultiHeadSelfAttention: sequence length ", T,
+              " exceeds max_context_length ", options.max_context_length());
+
+  auto qkv = qkv_proj(x).chunk(3, /*dim=*/-1);  // 3 x (B, T, D)
+  auto q = split_heads(qkv[0], H);              // (B, H, T, Dh)
+  auto k = split_heads(qkv[1], H);              // (B, H, T, Dh)
+  auto v = split_heads(qkv[2], H);              // (B, H, T, Dh)
+
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) *
+                (1.0 / std::sqrt(static_cast<double>(d_head())));  // (B, H, T, T)
+
+  torch::Tensor allowed;  // true where query i may attend to key j; broadcastable to scores
+  if (options.causal()) {
+    allowed = causal_mask.narrow(0, 0, T).narrow(1, 0, T);  // (T, T)
+    // Module::to(dtype) converts every buffer, the bool mask included: undo that here.
+    if (allowed.scalar_type() != torch::kBool) allowed = allowed.to(torch::kBool);
+  }
+  if (padding_mask.defined()) {
+    TORCH_CHECK(padding_mask.dim() == 2 && padding_mask.size(0) == B && padding_mask.size(1) == T,
+                "MultiHeadSelfAttention: padding_mask must be (B, T) = (", B, ", ", T,
+                "), got ", padding_mask.sizes());
+    TORCH_CHECK(padding_mask.scalar_type() == torch::kBool,
+                "MultiHeadSelfAttention: padding_mask must be bool (true = real token), got ",
+                padding_mask.scalar_type());
+    auto keys = padding_mask.to(x.device()).view({B, 1, 1, T});  // (B, 1, 1, T)
+    allowed = allowed.defined() ? torch::logical_and(allowed, keys) : keys;
+  }
+  if (allowed.defined()) {
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  auto weights = torch::softmax(scores, /*dim=*/-1);  // (B, H, T, T)
+  if (padding_mask.defined()) {
+    // A query that sees no key at all has a row of NaN: it attends to nothing instead.
+    auto sees_nothing = allowed.any(/*dim=*/-1, /*keepdim=*/true).logical_not();
+    weights = weights.masked_fill(sees_nothing, 0.0);
+  }
+  auto attn = torch::dropout(weights, options.attn_dropout(), is_training());
+
+  auto context = merge_heads(torch::matmul(attn, v));  // (B, H, T, Dh) -> (B, T, D)
+  auto out = torch::dropout(out_proj(context), options.out_dropout(), is_training());
+  return {out, return_weights ? weights : torch::Tensor()};
+}
+
+}  // namespace tinylm::nn

@@ -1,0 +1,85 @@
+// FeedForward and the transformer block.
+// B = batch, T = sequence length, D = d_model, e = mlp expansion
+#include <tinylm/nn/block.h>
+
+#include <torch/torch.h>
+
+namespace tinylm::nn {
+
+// ---- FeedForward ---------------------------------------------------------------
+
+FeedForwardImpl::FeedForwardImpl(const FeedForwardOptions& options_) : options(options_) {
+  reset();
+}
+
+void FeedForwardImpl::reset() {
+  const int64_t D = options.d_model(), e = options.expansion();
+  TORCH_CHECK(D >= 1, "FeedForward: d_model must be >= 1, got ", D);
+  TORCH_CHECK(e >= 1, "FeedForward: expansion must be >= 1, got ", e);
+  TORCH_CHECK(options.dropout() >= 0 && options.dropout() < 1,
+              "FeedForward: dropout must be in [0, 1), got ", options.dropout());
+  fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(D, e * D).bias(options.bias())));
+  proj = register_module("proj",
+                         torch::nn::Linear(torch::nn::LinearOptions(e * D, D).bias(options.bias())));
+}
+
+void FeedForwardImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::FeedForward(d_model=" << options.d_model()
+     << ", expansion=" << options.expansion() << ")";
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  auto h = torch::gelu(fc(x), "tanh");                                  // (B, T, eD)
+  return torch::dropout(proj(h), options.dropout(), is_training());    // (B, T, D)
+}
+
+// ---- TransformerBlock ----------------------------------------------------------
+
+TransformerBlockImpl::TransformerBlockImpl(const TransformerBlockOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void TransformerBlockImpl::reset() {
+  const int64_t D = options.d_model();
+  TORCH_CHECK(options.residual_dropout() >= 0 && options.residual_dropout() < 1,
+              "TransformerBlock: residual_dropout must be in [0, 1), got ",
+              options.residual_dropout());
+  ln1 = register_module("ln1", torch::nn::LayerNorm(
+                                   torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
+  attn = register_module(
+      "attn", MultiHeadSelfAttention(
+                  MultiHeadSelfAttentionOptions(D, options.n_heads(), options.context_length())
+                      .attn_dropout(options.attn_dropout())
+                      .out_dropout(options.residual_dropout())
+                      .causal(options.causal())
+                      .bias(options.bias())));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(
+                                   torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
+  mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
+                                               .expansion(options.mlp_expansion())
+                                               .dropout(options.residual_dropout())
+                                               .bias(options.bias())));
+}
+
+void TransformerBlockImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::TransformerBlock(d_model=" << options.d_model()
+     << ", n_heads=" << options.n_heads() << ", pre_ln=" << (options.pre_ln() ? "true" : "false")
+     << ")";
+}
+
+AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool return_weights,
+                                              const torch::Tensor& padding_mask) {
+  if (options.pre_ln()) {
+    auto a = attn(ln1(x), return_weights, padding_mask);
+    auto h = x + a.output;    // x + attn(ln1(x))
+    h = h + mlp(ln2(h));      // x + mlp(ln2(x))
+    return {h, a.weights};
+  }
+  auto a = attn(x, return_weights, padding_mask);
+  auto h = ln1(x + a.output);  // ln1(x + attn(x))
+  h = ln2(h + mlp(h));         // ln2(x + mlp(x))
+  return {h, a.weights};
+}
+
+}  // namespace tinylm::nn

@@ -1,0 +1,119 @@
+// Token, learned and sinusoidal positional embeddings.
+// B = batch, T = sequence length, D = d_model, V = vocab size, C = max context length
+#include <tinylm/nn/embedding.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace tinylm::nn {
+
+// ---- TokenEmbedding ------------------------------------------------------------
+
+TokenEmbeddingImpl::TokenEmbeddingImpl(const TokenEmbeddingOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void TokenEmbeddingImpl::reset() {
+  TORCH_CHECK(options.vocab_size() >= 1, "TokenEmbedding: vocab_size must be >= 1, got ",
+              options.vocab_size());
+  TORCH_CHECK(options.d_model() >= 1, "TokenEmbedding: d_model must be >= 1, got ",
+              options.d_model());
+  weight = register_parameter("weight",
+                              torch::empty({options.vocab_size(), options.d_model()}));
+  reset_parameters();
+}
+
+void TokenEmbeddingImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  weight.normal_(0.0, options.init_std());
+}
+
+void TokenEmbeddingImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::TokenEmbedding(vocab_size=" << options.vocab_size()
+     << ", d_model=" << options.d_model() << ")";
+}
+
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
+  TORCH_CHECK(ids.scalar_type() == torch::kLong, "TokenEmbedding: ids must be int64, got ",
+              ids.scalar_type());
+  return torch::embedding(weight, ids);  // (B, T) -> (B, T, D)
+}
+
+// ---- LearnedPositionalEmbedding ------------------------------------------------
+
+LearnedPositionalEmbeddingImpl::LearnedPositionalEmbeddingImpl(
+    const LearnedPositionalEmbeddingOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void LearnedPositionalEmbeddingImpl::reset() {
+  TORCH_CHECK(options.max_context_length() >= 1,
+              "LearnedPositionalEmbedding: max_context_length must be >= 1, got ",
+              options.max_context_length());
+  TORCH_CHECK(options.d_model() >= 1, "LearnedPositionalEmbedding: d_model must be >= 1, got ",
+              options.d_model());
+  weight = register_parameter(
+      "weight", torch::empty({options.max_context_length(), options.d_model()}));
+  reset_parameters();
+}
+
+void LearnedPositionalEmbeddingImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  weight.normal_(0.0, options.init_std());
+}
+
+void LearnedPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::LearnedPositionalEmbedding(max_context_length="
+     << options.max_context_length() << ", d_model=" << options.d_model() << ")";
+}
+
+torch::Tensor LearnedPositionalEmbeddingImpl::forward(int64_t seq_len) {
+  TORCH_CHECK(seq_len >= 1, "LearnedPositionalEmbedding: seq_len must be >= 1, got ", seq_len);
+  TORCH_CHECK(seq_len <= options.max_context_length(), "LearnedPositionalEmbedding: seq_len ",
+              seq_len, " exceeds max_context_length ", options.max_context_length());
+  return weight.narrow(0, 0, seq_len);  // (T, D)
+}
+
+// ---- SinusoidalPositionalEmbedding ---------------------------------------------
+
+SinusoidalPositionalEmbeddingImpl::SinusoidalPositionalEmbeddingImpl(
+    const SinusoidalPositionalEmbeddingOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void SinusoidalPositionalEmbeddingImpl::reset() {
+  const int64_t C = options.max_context_length(), D = options.d_model();
+  TORCH_CHECK(C >= 1, "SinusoidalPositionalEmbedding: max_context_length must be >= 1, got ", C);
+  TORCH_CHECK(D >= 1, "SinusoidalPositionalEmbedding: d_model must be >= 1, got ", D);
+  TORCH_CHECK(D % 2 == 0, "SinusoidalPositionalEmbedding: d_model must be even, got ", D);
+  TORCH_CHECK(options.base() > 0, "SinusoidalPositionalEmbedding: base must be > 0, got ",
+              options.base());
+  // Computed in double, stored in float: the table is exact to float precision.
+  auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+  auto position = torch::arange(C, opts).unsqueeze(1);                    // (C, 1)
+  auto two_i = torch::arange(0, D, 2, opts);                              // (D/2)
+  auto angle = position / torch::pow(options.base(), two_i / double(D));  // (C, D/2)
+  auto table = torch::empty({C, D}, opts);
+  table.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, D, 2)}, torch::sin(angle));
+  table.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, D, 2)}, torch::cos(angle));
+  pe = register_buffer("pe", table.to(torch::kFloat32));
+}
+
+void SinusoidalPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::SinusoidalPositionalEmbedding(max_context_length="
+     << options.max_context_length() << ", d_model=" << options.d_model()
+     << ", base=" << options.base() << ")";
+}
+
+torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) {
+  TORCH_CHECK(seq_len >= 1, "SinusoidalPositionalEmbedding: seq_len must be >= 1, got ", seq_len);
+  TORCH_CHECK(seq_len <= options.max_context_length(), "SinusoidalPositionalEmbedding: seq_len ",
+              seq_len, " exceeds max_context_length ", options.max_context_length());
+  return pe.narrow(0, 0, seq_len);  // (T, D)
+}
+
+}  // namespace tinylm::nn

@@ -1,0 +1,133 @@
+#include "../test_util.h"
+
+#include <tinylm/nn/model.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+using namespace tinylm::nn;
+using tinylm::test::error_message;
+using tinylm::test::max_abs_diff;
+
+TEST_CASE("TinyAttentionLM: logits (B, T, V) and weights (B, H, T, T)", "[nn][model]") {
+  TinyAttentionLM model(TinyAttentionLMOptions(64, 32, 4, 12));
+  auto out = model->forward(torch::randint(64, {2, 12}, torch::kLong), true);
+  CHECK(out.logits.sizes() == torch::IntArrayRef({2, 12, 64}));
+  REQUIRE(out.attention.size() == 1);
+  CHECK(out.attention[0].sizes() == torch::IntArrayRef({2, 4, 12, 12}));
+  // The reference shape: embedding + sinusoidal positions + attention + head only.
+  auto names = model->named_parameters().keys();
+  CHECK(names == std::vector<std::string>{"token_embedding.weight", "attention.qkv_proj.weight",
+                                          "attention.qkv_proj.bias", "attention.out_proj.weight",
+                                          "attention.out_proj.bias", "lm_head.weight",
+                                          "lm_head.bias"});
+}
+
+TEST_CASE("language models validate token ids", "[nn][model][errors]") {
+  TinyAttentionLM tiny(TinyAttentionLMOptions(16, 8, 2, 6));
+  TransformerLM deep(TransformerLMOptions(16, 6, 8, 2, 1));
+  CHECK_THAT(error_message([&] { tiny->forward(torch::zeros({1, 7}, torch::kLong)); }),
+             Catch::Contains("TinyAttentionLM: sequence length 7 exceeds context_length 6"));
+  CHECK_THAT(error_message([&] { deep->forward(torch::zeros({1, 7}, torch::kLong)); }),
+             Catch::Contains("TransformerLM: sequence length 7 exceeds context_length 6"));
+  CHECK_THAT(error_message([&] { deep->forward(torch::full({1, 3}, 16, torch::kLong)); }),
+             Catch::Contains("token ids must be in [0, 16), got ids in [16, 16]"));
+  CHECK_THAT(error_message([&] { deep->forward(torch::full({1, 3}, -1, torch::kLong)); }),
+             Catch::Contains("got ids in [-1, -1]"));
+  CHECK_THAT(error_message([&] { deep->forward(torch::zeros({1, 3})); }),
+             Catch::Contains("token ids must be int64"));
+  CHECK_THAT(error_message([&] { deep->forward(torch::zeros({3}, torch::kLong)); }),
+             Catch::Contains("expected token ids of rank 2 (B, T), got rank 1"));
+}
+
+TEST_CASE("TransformerLM validates its configuration", "[nn][model][errors]") {
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 10, 4, 2)); }),
+             Catch::Contains("d_model 10 must be divisible by n_heads 4"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 0)); }),
+             Catch::Contains("n_layers must be >= 1, got 0"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(0, 8, 8, 2, 1)); }),
+             Catch::Contains("vocab_size must be >= 1, got 0"));
+  CHECK_THAT(error_message([] { position_encoding_from_string("rotary"); }),
+             Catch::Contains("unknown position encoding 'rotary'"));
+}
+
+TEST_CASE("TransformerLM: logits shape for every position encoding", "[nn][model]") {
+  auto positions = GENERATE(PositionEncoding::learned, PositionEncoding::sinusoidal,
+                            PositionEncoding::none);
+  TransformerLM model(TransformerLMOptions(50, 16, 32, 4, 2).positions(positions));
+  auto out = model->forward(torch::randint(50, {3, 10}, torch::kLong), true);
+  CHECK(out.logits.sizes() == torch::IntArrayRef({3, 10, 50}));
+  REQUIRE(out.attention.size() == 2);
+  CHECK(out.attention[1].sizes() == torch::IntArrayRef({3, 4, 10, 10}));
+}
+
+TEST_CASE("tied head shares the embedding's storage; untied does not", "[nn][model][tie]") {
+  TransformerLM tied(TransformerLMOptions(100, 16, 32, 4, 2).tie_weights(true));
+  TransformerLM untied(TransformerLMOptions(100, 16, 32, 4, 2).tie_weights(false));
+  CHECK(tied->lm_head_weight().data_ptr() == tied->token_embedding->weight.data_ptr());
+  CHECK(untied->lm_head_weight().data_ptr() != untied->token_embedding->weight.data_ptr());
+  CHECK(count_parameters(*untied) - count_parameters(*tied) == 100 * 32);
+}
+
+TEST_CASE("a tie is one parameter, updated once, and survives save and load", "[nn][model][tie]") {
+  torch::manual_seed(0);
+  auto options = TransformerLMOptions(40, 8, 16, 2, 1).tie_weights(true);
+  TransformerLM model(options);
+  // One parameter: the embedding; no separate head weight exists to drift apart.
+  int64_t with_vocab_rows = 0;
+  for (const auto& p : model->parameters()) with_vocab_rows += p.size(0) == 40;
+  CHECK(with_vocab_rows == 1);
+
+  // One SGD step: the shared weight moves by exactly lr * (its one accumulated gradient).
+  auto ids = torch::randint(40, {2, 8}, torch::kLong);
+  auto before = model->token_embedding->weight.detach().clone();
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  sgd.zero_grad();
+  torch::nn::functional::cross_entropy(model->forward(ids).logits.view({-1, 40}), ids.view({-1}))
+      .backward();
+  auto grad = model->token_embedding->weight.grad().clone();
+  sgd.step();
+  CHECK(max_abs_diff(model->token_embedding->weight, before - 0.1 * grad) < 1e-6);
+  CHECK(max_abs_diff(model->lm_head_weight(), model->token_embedding->weight) == 0.0);
+
+  const auto path = std::filesystem::temp_directory_path() / "tinylm_tie_test.pt";
+  torch::save(model, path.string());
+  TransformerLM loaded(options);
+  torch::load(loaded, path.string());
+  std::filesystem::remove(path);
+  CHECK(loaded->lm_head_weight().data_ptr() == loaded->token_embedding->weight.data_ptr());
+  CHECK(torch::equal(loaded->lm_head_weight(), model->token_embedding->weight));
+  CHECK(max_abs_diff(loaded->forward(ids).logits, model->forward(ids).logits) < 1e-6);
+}
+
+TEST_CASE("GPT-2 small counts 124,439,808 parameters with the tie", "[nn][model][slow]") {
+  TransformerLM gpt2(TransformerLMOptions::gpt2_small());
+  const int64_t n = count_parameters(*gpt2);
+  CHECK(n == 124439808);
+  CHECK(std::abs(n - 124e6) / 124e6 < 0.05);
+  auto options = TransformerLMOptions::gpt2_small().tie_weights(false);
+  CHECK(count_parameters(*TransformerLM(options)) - n == 50257 * 768);
+}
+
+TEST_CASE("GPT-2 init: N(0, 0.02), zero biases, residual projections scaled", "[nn][model][init]") {
+  torch::manual_seed(0);
+  TransformerLM model(TransformerLMOptions(256, 64, 256, 4, 8));
+  auto* block = model->blocks[3]->as<TransformerBlock>();
+  CHECK(block->attn->qkv_proj->weight.std().item<double>() == Approx(0.02).epsilon(0.03));
+  CHECK(block->attn->qkv_proj->bias.abs().max().item<double>() == 0.0);
+  const double residual = 0.02 / std::sqrt(16.0);
+  CHECK(block->attn->out_proj->weight.std().item<double>() == Approx(residual).epsilon(0.03));
+  CHECK(block->mlp->proj->weight.std().item<double>() == Approx(residual).epsilon(0.03));
+  CHECK(block->ln1->weight.min().item<double>() == 1.0);
+}
+
+TEST_CASE(".to(dtype) moves parameters and buffers of a whole model", "[nn][model][device]") {
+  TransformerLM model(TransformerLMOptions(20, 8, 8, 2, 1).positions(PositionEncoding::sinusoidal));
+  model->to(torch::kFloat64);
+  for (const auto& b : model->named_buffers()) {
+    if (b.key().find("pe") != std::string::npos) CHECK(b.value().scalar_type() == torch::kFloat64);
+  }
+  auto logits = model->forward(torch::randint(20, {1, 8}, torch::kLong)).logits;
+  CHECK(logits.scalar_type() == torch::kFloat64);
+}

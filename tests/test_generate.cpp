@@ -1,0 +1,116 @@
+#include "test_util.h"
+
+#include <tinylm/generate.h>
+
+using namespace tinylm;
+using namespace tinylm::nn;
+using tinylm::test::error_message;
+
+namespace {
+TransformerLM small_model() {
+  torch::manual_seed(0);
+  return TransformerLM(TransformerLMOptions(30, 8, 16, 2, 1));
+}
+}  // namespace
+
+TEST_CASE("generate appends exactly max_new_tokens after the prompt", "[generate]") {
+  auto model = small_model();
+  auto prompt = torch::randint(30, {2, 3}, torch::kLong);
+  GenerateOptions o;
+  o.max_new_tokens = 5;
+  o.seed = 1;
+  auto out = generate(*model, prompt, o);
+  CHECK(out.sizes() == torch::IntArrayRef({2, 8}));
+  CHECK(torch::equal(out.narrow(1, 0, 3), prompt));
+  CHECK(out.min().item<int64_t>() >= 0);
+  CHECK(out.max().item<int64_t>() < 30);
+  o.max_new_tokens = 0;
+  CHECK(torch::equal(generate(*model, prompt, o), prompt));
+}
+
+TEST_CASE("a prompt longer than the context still generates (sliding window)", "[generate]") {
+  auto model = small_model();  // context 8
+  auto prompt = torch::randint(30, {1, 20}, torch::kLong);
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  o.greedy = true;
+  auto out = generate(*model, prompt, o);
+  CHECK(out.size(1) == 24);
+  // The first new token depends only on the last 8 prompt tokens.
+  auto tail = generate(*model, prompt.narrow(1, 12, 8), o);
+  CHECK(out[0][20].item<int64_t>() == tail[0][8].item<int64_t>());
+}
+
+TEST_CASE("the same seed gives the same tokens; the global RNG is untouched", "[generate]") {
+  auto model = small_model();
+  auto prompt = torch::zeros({3, 2}, torch::kLong);
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.seed = 7;
+  torch::manual_seed(123);
+  auto a = generate(*model, prompt, o);
+  auto after = torch::rand({1}).item<double>();
+  torch::manual_seed(123);
+  auto b = generate(*model, prompt, o);
+  CHECK(torch::equal(a, b));
+  CHECK(torch::rand({1}).item<double>() == after);
+  o.seed = 8;
+  CHECK_FALSE(torch::equal(generate(*model, prompt, o), a));
+}
+
+TEST_CASE("generate restores train/eval mode and records no gradients", "[generate]") {
+  auto model = small_model();
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  model->train();
+  auto out = generate(*model, torch::zeros({1, 1}, torch::kLong), o);
+  CHECK(model->is_training());
+  CHECK_FALSE(out.requires_grad());
+  model->eval();
+  generate(*model, torch::zeros({1, 1}, torch::kLong), o);
+  CHECK_FALSE(model->is_training());
+}
+
+TEST_CASE("top-k and top-p filter the distribution", "[generate]") {
+  auto logits = torch::tensor({{1.0f, 3.0f, 2.0f, 0.0f}});
+  GenerateOptions o;
+  o.top_k = 2;
+  auto p = sampling_probabilities(logits, o);
+  CHECK(p[0][0].item<double>() == 0.0);
+  CHECK(p[0][3].item<double>() == 0.0);
+  CHECK(p.sum().item<double>() == Approx(1.0).margin(1e-6));
+  o.top_k = 100;  // capped at V: nothing removed
+  CHECK((sampling_probabilities(logits, o) > 0).all().item<bool>());
+  o.top_k = 0;
+  o.top_p = 0.5;  // the top token alone has p = 0.644 >= 0.5
+  p = sampling_probabilities(logits, o);
+  CHECK(p[0][1].item<double>() == Approx(1.0).margin(1e-6));  // top token alone: 0.644
+  o.top_p = 0.85;  // needs the top two (0.644 + 0.237 = 0.881)
+  p = sampling_probabilities(logits, o);
+  CHECK((p > 0).sum().item<int64_t>() == 2);
+  o.top_p = 1.0;
+  o.temperature = 100.0;  // near uniform
+  CHECK(sampling_probabilities(logits, o).max().item<double>() < 0.26);
+}
+
+TEST_CASE("generate rejects bad options and prompts", "[generate][errors]") {
+  auto model = small_model();
+  auto prompt = torch::zeros({1, 2}, torch::kLong);
+  GenerateOptions o;
+  o.temperature = 0.0;
+  CHECK_THAT(error_message([&] { generate(*model, prompt, o); }),
+             Catch::Contains("temperature must be > 0, got 0"));
+  o.temperature = 1.0;
+  o.top_p = 0.0;
+  CHECK_THAT(error_message([&] { generate(*model, prompt, o); }),
+             Catch::Contains("top_p must be in (0, 1], got 0"));
+  o.top_p = 1.0;
+  o.max_new_tokens = -1;
+  CHECK_THAT(error_message([&] { generate(*model, prompt, o); }),
+             Catch::Contains("max_new_tokens must be >= 0, got -1"));
+  o.max_new_tokens = 1;
+  CHECK_THAT(error_message([&] { generate(*model, torch::full({1, 2}, 99, torch::kLong), o); }),
+             Catch::Contains("token ids must be in [0, 30)"));
+  CHECK_THAT(error_message([&] { generate(*model, torch::zeros({2}, torch::kLong), o); }),
+             Catch::Contains("prompt must be (B, T)"));
+}

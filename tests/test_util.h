@@ -1,0 +1,29 @@
+// Helpers shared by the tests.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <string>
+
+namespace tinylm::test {
+
+/// Runs `f`, requires that it throws a c10::Error, and returns the message (without
+/// LibTorch's source-location suffix) so a test can check what it names.
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  FAIL("expected a c10::Error, nothing was thrown");
+  return {};
+}
+
+/// Largest absolute difference between two tensors.
+inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+}  // namespace tinylm::test
