@@ -1,1 +1,354 @@
-int main(){return 0;}
+// tinylm: the command-line tool. Thin front ends over the library:
+//   tinylm train  [--config F] [--flags...] [--resume CKPT|DIR] [--print-config]
+//   tinylm eval   CKPT|DIR [--json]
+//   tinylm sample CKPT|DIR --prompt "..." [--heatmap]
+#include <tinylm/tinylm.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+using namespace tinylm;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+std::string shape(const torch::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+void on_signal(int sig) {
+  g_stop.store(true);
+  std::signal(sig, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+// ---- train ---------------------------------------------------------------------------
+
+struct TrainArgs {
+  RunConfig flags;  // values bound to --name options (only those given are used)
+  std::map<std::string, CLI::Option*> given;
+  std::string config_path;
+  std::string resume;
+  bool print_config = false;
+};
+
+void add_config_options(CLI::App& cmd, TrainArgs& args) {
+  for (const auto& f : config_fields()) {
+    const std::string name = std::string("--") + f.name;
+    const std::string help = std::string(f.help) + " [" + field_value_string(f, RunConfig{}) + "]";
+    CLI::Option* opt = std::visit(
+        [&](auto member) -> CLI::Option* {
+          auto& v = args.flags.*member;
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            return cmd.add_flag(name + ",!--no-" + f.name, v, help);
+          } else {
+            return cmd.add_option(name, v, help);
+          }
+        },
+        f.member);
+    opt->group(std::string("Run config (") + f.group + ")");
+    args.given[f.name] = opt;
+  }
+}
+
+/// defaults <- config file <- flags given on the command line.
+RunConfig effective_config(const TrainArgs& args, RunConfig base) {
+  if (!args.config_path.empty()) apply_toml_file(base, args.config_path);
+  for (const auto& f : config_fields()) {
+    if (args.given.at(f.name)->count() > 0) copy_field(f, args.flags, base);
+  }
+  validate(base);
+  return base;
+}
+
+void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch::Device device) {
+  auto log = logger();
+  std::ostringstream name;
+  model.pretty_print(name);
+  log->info("model: {} | {} parameters | device {} | {} intra-op thread(s)", name.str(),
+            nn::count_parameters(model), device.str(), at::get_num_threads());
+  log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
+            cfg.task, cfg.vocab_size, cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.epochs,
+            cfg.steps_per_epoch, cfg.optimizer, cfg.lr);
+}
+
+/// The reference demo's checks on one batch: shape contract and causal check.
+void print_contracts(train::Trainer& trainer) {
+  auto log = logger();
+  auto& model = *trainer.model();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto batch = trainer.task().sample(trainer.config().batch_size, data::Split::validation, gen,
+                                     torch::kCPU);
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  auto out = model.forward(batch.inputs.to(trainer.device()), /*return_weights=*/true);
+  model.train(was_training);
+  log->info("shape contract: ids {} -> logits {}, attention {} x {}", shape(batch.inputs),
+            shape(out.logits), out.attention.size(), shape(out.attention.front()));
+  CausalCheck worst;
+  for (const auto& w : out.attention) {
+    auto c = causal_check(w);
+    worst.future_weight_sum = std::max(worst.future_weight_sum, c.future_weight_sum);
+    worst.max_row_error = std::max(worst.max_row_error, c.max_row_error);
+  }
+  const bool ok = worst.future_weight_sum < 1e-5 && worst.max_row_error < 1e-5;
+  log->info("causal check: future weight sum {:.3e} (< 1e-5), max |row sum - 1| {:.3e} (< 1e-5): {}",
+            worst.future_weight_sum, worst.max_row_error, ok ? "ok" : "FAILED");
+}
+
+void print_heatmap(train::Trainer& trainer) {
+  auto& model = *trainer.model();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  auto batch = trainer.task().sample(1, data::Split::validation, gen, torch::kCPU);
+  torch::NoGradGuard no_grad;
+  model.eval();
+  auto out = model.forward(batch.inputs.to(trainer.device()), true);
+  logger()->info("attention of head 0 (layer {}) on one sample: {}\n{}", out.attention.size() - 1,
+                 trainer.task().decode(batch.inputs), ascii_heatmap(out.attention.back()[0][0]));
+}
+
+int run_train(const TrainArgs& args) {
+  RunConfig cfg;
+  std::optional<train::Checkpoint> ck;
+  if (!args.resume.empty()) {
+    TORCH_CHECK(args.config_path.empty(), "--config and --resume together: a checkpoint carries "
+                "its own config; override single keys with flags instead");
+    ck = train::read_checkpoint(train::resolve_checkpoint_path(args.resume));
+    cfg = effective_config(args, ck->config);
+  } else {
+    cfg = effective_config(args, RunConfig{});
+  }
+  if (args.print_config) {
+    std::cout << to_toml(cfg);
+    return 0;
+  }
+  train::Trainer trainer(cfg);
+  print_model_facts(cfg, *trainer.model(), trainer.device());
+  if (ck) {
+    trainer.resume(*ck);
+    logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
+  }
+  print_contracts(trainer);
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  auto result = trainer.fit(&g_stop);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+
+  auto log = logger();
+  if (result.interrupted) {
+    log->info("stopped by signal at step {}; resume with: tinylm train --resume {}",
+              result.end_step, result.last_checkpoint);
+    return 130;
+  }
+  const auto& m = result.last_eval;
+  log->info("final: train loss {:.6f} | validation loss {:.6f} | accuracy {:.2f}% | exact match {:.2f}%",
+            result.losses.empty() ? 0.0 : result.losses.back(), m.loss, 100 * m.accuracy,
+            100 * m.exact_match);
+  print_heatmap(trainer);
+  log->info("checkpoints: last {} | best {} | metrics {}/metrics.jsonl", result.last_checkpoint,
+            result.best_checkpoint, cfg.out_dir);
+  return 0;
+}
+
+// ---- eval and sample -----------------------------------------------------------------
+
+struct LoadedRun {
+  train::Checkpoint checkpoint;
+  nn::LanguageModel model;
+  std::unique_ptr<data::Task> task;
+  torch::Device device = torch::kCPU;
+};
+
+LoadedRun load_run(const std::string& path, const std::string& device, int64_t threads,
+                   const std::string& data_override) {
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  LoadedRun run;
+  run.checkpoint = train::read_checkpoint(train::resolve_checkpoint_path(path));
+  auto cfg = run.checkpoint.config;
+  if (!data_override.empty()) cfg.data = data_override;
+  run.device = train::resolve_device(device);
+  run.model = train::build_model(cfg);
+  train::load_model_state(run.checkpoint, *run.model);
+  run.model->to(run.device);
+  run.model->eval();
+  if (cfg.task == "text" && !std::ifstream(cfg.data)) {
+    TORCH_CHECK(false, "the checkpoint's text data file '", cfg.data,
+                "' is not readable here: pass --data PATH");
+  }
+  run.task = data::make_task(cfg);
+  return run;
+}
+
+struct EvalArgs {
+  std::string checkpoint, device = "auto", data;
+  int64_t batches = 50, batch_size = 0, seed = 1234, threads = 1;
+  bool json = false;
+};
+
+int run_eval(const EvalArgs& a) {
+  TORCH_CHECK(a.batches >= 1, "--batches must be >= 1, got ", a.batches);
+  TORCH_CHECK(a.batch_size >= 0, "--batch-size must be >= 1 (0 = the checkpoint's), got ", a.batch_size);
+  TORCH_CHECK(a.seed >= 0, "--seed must be >= 0, got ", a.seed);
+  auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
+  const auto& cfg = run.checkpoint.config;
+  const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
+  auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
+  if (a.json) {
+    std::printf("{\"checkpoint\":\"%s\",\"step\":%lld,\"task\":\"%s\",\"model\":\"%s\",\"loss\":%.9g,"
+                "\"perplexity\":%.9g,\"accuracy\":%.9g,\"exact_match\":%.9g,\"tokens\":%lld,\"rows\":%lld}\n",
+                run.checkpoint.path.c_str(), static_cast<long long>(run.checkpoint.state.step),
+                cfg.task.c_str(), cfg.model.c_str(), m.loss, m.perplexity, m.accuracy,
+                m.exact_match, static_cast<long long>(m.tokens), static_cast<long long>(m.rows));
+    return 0;
+  }
+  std::printf("checkpoint %s: step %lld, task %s, model %s, %lld parameters\n",
+              run.checkpoint.path.c_str(), static_cast<long long>(run.checkpoint.state.step),
+              cfg.task.c_str(), cfg.model.c_str(), static_cast<long long>(nn::count_parameters(*run.model)));
+  std::printf("loss %.6f | perplexity %.4f | accuracy %.2f%% (%lld tokens) | exact match %.2f%% (%lld rows)\n",
+              m.loss, m.perplexity, 100 * m.accuracy, static_cast<long long>(m.tokens),
+              100 * m.exact_match, static_cast<long long>(m.rows));
+  return 0;
+}
+
+struct SampleArgs {
+  std::string checkpoint, prompt, device = "auto", data, attention_json;
+  int64_t max_new_tokens = 20, top_k = 0, seed = -1, layer = -1, head = 0, threads = 1;
+  double temperature = 1.0, top_p = 1.0;
+  bool greedy = false, heatmap = false;
+};
+
+int run_sample(const SampleArgs& a) {
+  auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
+  GenerateOptions o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.temperature = a.temperature;
+  o.top_k = a.top_k;
+  o.top_p = a.top_p;
+  o.greedy = a.greedy;
+  if (a.seed >= 0) o.seed = static_cast<uint64_t>(a.seed);
+  auto prompt = run.task->encode(a.prompt);
+  auto out = generate(*run.model, prompt, o);
+  std::printf("%s\n", run.task->decode(out).c_str());
+  if (a.heatmap || !a.attention_json.empty()) {
+    const int64_t C = run.model->context_length(), T = out.size(1);
+    auto window = out.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));
+    torch::NoGradGuard no_grad;
+    auto att = run.model->forward(window.to(run.device), true).attention;
+    const int64_t L = static_cast<int64_t>(att.size());
+    const int64_t layer = a.layer < 0 ? L + a.layer : a.layer;
+    TORCH_CHECK(layer >= 0 && layer < L, "--layer ", a.layer, " is out of range: the model has ", L,
+                " attention layer(s)");
+    const int64_t H = att[layer].size(1);
+    TORCH_CHECK(a.head >= 0 && a.head < H, "--head ", a.head, " is out of range [0, ", H, ")");
+    auto w = att[layer][0][a.head].to(torch::kCPU);  // (T, T)
+    if (a.heatmap) {
+      std::printf("attention, layer %lld head %lld, over the last %lld tokens:\n%s",
+                  static_cast<long long>(layer), static_cast<long long>(a.head),
+                  static_cast<long long>(window.size(1)), ascii_heatmap(w).c_str());
+    }
+    if (!a.attention_json.empty()) {
+      std::ofstream f(a.attention_json);
+      TORCH_CHECK(f, "cannot write '", a.attention_json, "'");
+      f << "{\"layer\":" << layer << ",\"head\":" << a.head << ",\"tokens\":[";
+      auto ids = window.to(torch::kCPU).reshape({-1});
+      for (int64_t i = 0; i < ids.numel(); ++i) f << (i ? "," : "") << ids[i].item<int64_t>();
+      f << "],\"weights\":[";
+      for (int64_t i = 0; i < w.size(0); ++i) {
+        f << (i ? "," : "") << "[";
+        for (int64_t j = 0; j < w.size(1); ++j) f << (j ? "," : "") << w[i][j].item<float>();
+        f << "]";
+      }
+      f << "]}\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tinylm: train, evaluate and sample tiny transformer language models"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  TrainArgs train_args;
+  auto* train_cmd = app.add_subcommand("train", "train a model (no flags: the reference run)");
+  add_config_options(*train_cmd, train_args);
+  train_cmd->add_option("--config", train_args.config_path, "TOML run config; flags override it");
+  train_cmd->add_option("--resume", train_args.resume,
+                        "continue from a checkpoint file or a run directory (its newest step)");
+  train_cmd->add_flag("--print-config", train_args.print_config,
+                      "print the effective config as TOML and exit");
+
+  EvalArgs eval_args;
+  auto* eval_cmd = app.add_subcommand("eval", "evaluate a checkpoint (no model flags needed)");
+  eval_cmd->add_option("checkpoint", eval_args.checkpoint, "checkpoint file or run directory")->required();
+  eval_cmd->add_option("--batches", eval_args.batches, "batches to evaluate")->capture_default_str();
+  eval_cmd->add_option("--batch-size", eval_args.batch_size, "0 = the checkpoint's batch size")->capture_default_str();
+  eval_cmd->add_option("--seed", eval_args.seed, "seed of the evaluation batches")->capture_default_str();
+  eval_cmd->add_option("--device", eval_args.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  eval_cmd->add_option("--threads", eval_args.threads, "intra-op CPU threads; 0 = default")->capture_default_str();
+  eval_cmd->add_option("--data", eval_args.data, "text task: the data file, if it moved");
+  eval_cmd->add_flag("--json", eval_args.json, "one JSON line instead of text");
+
+  SampleArgs s;
+  auto* sample_cmd = app.add_subcommand("sample", "generate tokens from a checkpoint");
+  sample_cmd->add_option("checkpoint", s.checkpoint, "checkpoint file or run directory")->required();
+  sample_cmd->add_option("--prompt", s.prompt,
+                         "token ids (\"3 3 3\") for synthetic tasks, text for the text task")->required();
+  sample_cmd->add_option("--max-new-tokens", s.max_new_tokens, "tokens to generate")->capture_default_str();
+  sample_cmd->add_option("--temperature", s.temperature, "> 0; lower is more deterministic")->capture_default_str();
+  sample_cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
+  sample_cmd->add_option("--top-p", s.top_p, "nucleus sampling threshold in (0, 1]; 1 = off")->capture_default_str();
+  sample_cmd->add_option("--seed", s.seed, "sampling seed; -1 = unseeded")->capture_default_str();
+  sample_cmd->add_flag("--greedy", s.greedy, "always take the most likely token");
+  sample_cmd->add_flag("--heatmap", s.heatmap, "print the attention heatmap of the result");
+  sample_cmd->add_option("--layer", s.layer, "heatmap layer; -1 = last")->capture_default_str();
+  sample_cmd->add_option("--head", s.head, "heatmap head")->capture_default_str();
+  sample_cmd->add_option("--attention-json", s.attention_json,
+                         "write that head's weights as JSON (for scripts/plot.py)");
+  sample_cmd->add_option("--device", s.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default")->capture_default_str();
+  sample_cmd->add_option("--data", s.data, "text task: the data file, if it moved");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  auto log = std::make_shared<spdlog::logger>("tinylm", std::make_shared<spdlog::sinks::stdout_sink_mt>());
+  log->set_pattern("%v");
+  log->set_level(spdlog::level::from_str(log_level));
+  spdlog::register_logger(log);
+
+  try {
+    if (*train_cmd) return run_train(train_args);
+    if (*eval_cmd) return run_eval(eval_args);
+    if (*sample_cmd) return run_sample(s);
+  } catch (const c10::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

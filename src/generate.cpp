@@ -2,6 +2,8 @@
 // B = batch, T = running length, C = context length, V = vocab size
 #include <tinylm/generate.h>
 
+#include "internal/mode_guard.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -19,19 +21,6 @@ void check_sampling_options(const GenerateOptions& o) {
               " (use greedy decoding for deterministic output)");
   TORCH_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p must be in (0, 1], got ", o.top_p);
 }
-
-/// Puts a module back in the train/eval mode it had, however the scope is left.
-class TrainingModeGuard {
- public:
-  explicit TrainingModeGuard(torch::nn::Module& m) : module_(m), was_training_(m.is_training()) {}
-  ~TrainingModeGuard() { module_.train(was_training_); }
-  TrainingModeGuard(const TrainingModeGuard&) = delete;
-  TrainingModeGuard& operator=(const TrainingModeGuard&) = delete;
-
- private:
-  torch::nn::Module& module_;
-  bool was_training_;
-};
 
 }  // namespace
 
@@ -67,7 +56,7 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
   TORCH_CHECK(prompt.scalar_type() == torch::kLong, "generate: prompt must be int64, got ",
               prompt.scalar_type());
 
-  TrainingModeGuard restore_mode(model);
+  internal::TrainingModeGuard restore_mode(model);
   model.eval();
   torch::NoGradGuard no_grad;
 

@@ -1,10 +1,15 @@
 // tinylm: tiny transformer language models on LibTorch. The umbrella header.
 #pragma once
 
+#include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/generate.h>
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/embedding.h>
+#include <tinylm/log.h>
 #include <tinylm/nn/model.h>
+#include <tinylm/report.h>
+#include <tinylm/train/checkpoint.h>
+#include <tinylm/train/trainer.h>
 #include <tinylm/version.h>

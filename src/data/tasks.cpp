@@ -1,22 +1,188 @@
-// Synthetic tasks. B = batch, T = sequence length, V = vocab size
+// Tasks. B = batch, T = sequence length, V = vocab size, h = prefix length
+#include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 
 #include <torch/torch.h>
 
+#include <fstream>
+#include <sstream>
+
 namespace tinylm::data {
+
+namespace {
+
+torch::TensorOptions long_on(torch::Device device) {
+  return torch::TensorOptions().dtype(torch::kLong).device(device);
+}
+
+/// Uniform ids in [0, high) of `shape`, made on `device` (see Task::sample).
+torch::Tensor random_ids(int64_t high, torch::IntArrayRef shape, at::Generator& gen,
+                         torch::Device device) {
+  if (device.is_cpu()) return torch::randint(high, shape, gen, long_on(device));
+  return torch::randint(high, shape, long_on(device));
+}
+
+/// rows (B, T + 1) -> inputs, targets; scored from position `first_scored` on.
+Batch shift(const torch::Tensor& rows, int64_t first_scored) {
+  const int64_t B = rows.size(0), T = rows.size(1) - 1;
+  Batch b;
+  b.inputs = rows.narrow(1, 0, T).contiguous();   // (B, T)
+  b.targets = rows.narrow(1, 1, T).contiguous();  // (B, T)
+  b.scored = (torch::arange(T, long_on(rows.device())) >= first_scored)
+                 .unsqueeze(0)
+                 .expand({B, T})
+                 .contiguous();  // (B, T)
+  return b;
+}
+
+class RepeatTask : public Task {
+ public:
+  RepeatTask(int64_t seq_len, int64_t vocab) : T_(seq_len), V_(vocab) {}
+  std::string name() const override { return "repeat"; }
+  int64_t vocab_size() const override { return V_; }
+  int64_t seq_len() const override { return T_; }
+  Batch sample(int64_t B, Split, at::Generator& gen, torch::Device device) override {
+    return repeat_batch(B, T_, V_, gen, device);
+  }
+
+ private:
+  int64_t T_, V_;
+};
+
+class TransformTask : public Task {
+ public:
+  TransformTask(std::string kind, int64_t seq_len, int64_t vocab)
+      : kind_(std::move(kind)), T_(seq_len), V_(vocab) {}
+  std::string name() const override { return kind_; }
+  int64_t vocab_size() const override { return V_; }
+  int64_t seq_len() const override { return T_; }
+  Batch sample(int64_t B, Split, at::Generator& gen, torch::Device device) override {
+    return sequence_transform_batch(kind_, B, T_, V_, gen, device);
+  }
+
+ private:
+  std::string kind_;
+  int64_t T_, V_;
+};
+
+}  // namespace
 
 Batch repeat_batch(int64_t batch_size, int64_t seq_len, int64_t vocab_size, at::Generator& gen,
                    torch::Device device) {
   TORCH_CHECK(batch_size >= 1, "repeat task: batch_size must be >= 1, got ", batch_size);
   TORCH_CHECK(seq_len >= 1, "repeat task: seq_len must be >= 1, got ", seq_len);
   TORCH_CHECK(vocab_size >= 1, "repeat task: vocab_size must be >= 1, got ", vocab_size);
-  auto ids = torch::randint(vocab_size, {batch_size, 1}, gen, torch::kLong);  // (B, 1)
-  auto rows = ids.expand({batch_size, seq_len + 1}).to(device);               // (B, T + 1)
-  Batch b;
-  b.inputs = rows.narrow(1, 0, seq_len).contiguous();   // (B, T)
-  b.targets = rows.narrow(1, 1, seq_len).contiguous();  // (B, T)
-  b.scored = torch::ones({batch_size, seq_len}, torch::TensorOptions().dtype(torch::kBool).device(device));
-  return b;
+  auto ids = random_ids(vocab_size, {batch_size, 1}, gen, device);  // (B, 1)
+  return shift(ids.expand({batch_size, seq_len + 1}), 0);          // rows (B, T + 1)
+}
+
+Batch sequence_transform_batch(const std::string& kind, int64_t batch_size, int64_t seq_len,
+                               int64_t vocab_size, at::Generator& gen, torch::Device device) {
+  TORCH_CHECK(kind == "copy" || kind == "reverse" || kind == "sort",
+              "unknown sequence task '", kind, "': use copy, reverse or sort");
+  TORCH_CHECK(batch_size >= 1, kind, " task: batch_size must be >= 1, got ", batch_size);
+  TORCH_CHECK(seq_len >= 3, kind, " task: seq_len must be >= 3, got ", seq_len);
+  TORCH_CHECK(vocab_size >= 2, kind, " task: vocab_size must be >= 2, got ", vocab_size);
+  const int64_t h = (seq_len + 2) / 2;  // ceil((T + 1) / 2)
+  auto x = random_ids(vocab_size, {batch_size, h}, gen, device);  // (B, h)
+  torch::Tensor y;                                                // (B, h)
+  if (kind == "copy") y = x;
+  else if (kind == "reverse") y = x.flip(1);
+  else y = std::get<0>(x.sort(1));
+  auto rows = torch::cat({x, y.narrow(1, 0, seq_len + 1 - h)}, 1);  // (B, T + 1)
+  return shift(rows, h - 1);
+}
+
+// ---- prompts ---------------------------------------------------------------------
+
+torch::Tensor Task::encode(const std::string& prompt) const {
+  std::string s = prompt;
+  for (char& c : s) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(s);
+  std::vector<int64_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK(used == word.size(), "prompt: '", word, "' is not a token id; task ", name(),
+                " takes integers in [0, ", vocab_size(), ") separated by spaces or commas");
+    TORCH_CHECK(id >= 0 && id < vocab_size(), "prompt: token id ", id, " is out of range [0, ",
+                vocab_size(), ") for task ", name());
+    ids.push_back(id);
+  }
+  TORCH_CHECK(!ids.empty(), "prompt is empty: give at least one token id, e.g. --prompt \"3 3 3\"");
+  return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)
+}
+
+std::string Task::decode(const torch::Tensor& ids) const {
+  auto flat = ids.to(torch::kCPU).reshape({-1});
+  std::string out;
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(flat[i].item<int64_t>());
+  }
+  return out;
+}
+
+// ---- text ------------------------------------------------------------------------
+
+TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction)
+    : seq_len_(seq_len) {
+  TORCH_CHECK(seq_len >= 1, "text task: seq-len must be >= 1, got ", seq_len);
+  TORCH_CHECK(val_fraction > 0 && val_fraction < 1, "text task: val-fraction must be in (0, 1), got ",
+              val_fraction);
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "cannot read data file '", path, "': no such file or not readable");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  const int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
+  const int64_t n_train = n - n_val;
+  const int64_t need = seq_len + 1;
+  TORCH_CHECK(n_train >= need && n_val >= need, "data file '", path, "' is too small: ", n,
+              " bytes give ", n_train, " training and ", n_val,
+              " validation bytes, but each split needs at least seq-len + 1 = ", need,
+              " (use a larger file or a smaller seq-len)");
+  auto all = torch::from_blob(bytes.data(), {n}, torch::kUInt8).clone();
+  train_ = all.narrow(0, 0, n_train);
+  val_ = all.narrow(0, n_train, n_val);
+}
+
+Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen, torch::Device device) {
+  const auto& data = split == Split::train ? train_ : val_;
+  const int64_t n_windows = data.numel() - seq_len_;  // start offsets with T + 1 bytes after them
+  auto starts = torch::randint(n_windows, {batch_size, 1}, gen, torch::kLong);    // (B, 1)
+  auto index = starts + torch::arange(seq_len_ + 1, torch::kLong).unsqueeze(0);   // (B, T + 1)
+  auto rows = data.take(index).to(torch::kLong).to(device);                       // (B, T + 1)
+  return shift(rows, 0);
+}
+
+torch::Tensor TextTask::encode(const std::string& prompt) const {
+  TORCH_CHECK(!prompt.empty(), "prompt is empty: give some text, e.g. --prompt \"Once upon\"");
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  for (auto& id : ids) id &= 0xFF;  // bytes, not signed chars
+  return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)
+}
+
+std::string TextTask::decode(const torch::Tensor& ids) const {
+  auto flat = ids.to(torch::kCPU).reshape({-1});
+  std::string out;
+  for (int64_t i = 0; i < flat.numel(); ++i) out += static_cast<char>(flat[i].item<int64_t>());
+  return out;
+}
+
+std::unique_ptr<Task> make_task(const RunConfig& c) {
+  if (c.task == "repeat") return std::make_unique<RepeatTask>(c.seq_len, c.vocab_size);
+  if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
+    return std::make_unique<TransformTask>(c.task, c.seq_len, c.vocab_size);
+  if (c.task == "text") return std::make_unique<TextTask>(c.data, c.seq_len, c.val_fraction);
+  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort or text");
 }
 
 }  // namespace tinylm::data

@@ -1,26 +1,86 @@
-// Synthetic next-token tasks. B = batch, T = sequence length, V = vocab size
+// Next-token tasks: the synthetic ones (repeat, copy, reverse, sort) and byte-level text.
+// B = batch, T = sequence length, V = vocab size, h = prefix length
 #pragma once
 
 #include <ATen/core/Generator.h>
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tinylm {
+struct RunConfig;
+}
 
 namespace tinylm::data {
 
-/// One training batch: inputs (B, T) and targets (B, T) int64, where targets are the
-/// inputs shifted by one; `scored` (B, T) bool marks the targets a perfect model can
-/// predict (accuracy counts only those).
+/// One batch: inputs (B, T) and targets (B, T) int64, targets = the row shifted by one;
+/// `scored` (B, T) bool marks the targets a perfect model can predict (accuracy and
+/// exact match count only those).
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
   torch::Tensor scored;
 };
 
+enum class Split { train, validation };
+
+/// A source of batches plus the mapping between prompts and token ids.
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t seq_len() const = 0;
+  /// Synthetic tasks have a known answer: they are "solved" at 100% accuracy.
+  virtual bool synthetic() const { return true; }
+  /// A batch made on `device`. On the CPU the ids come from `gen`, so a seed (and a saved
+  /// generator state) fixes the data exactly; on CUDA they come from that device's
+  /// default generator (seeded by torch::manual_seed). Synthetic tasks draw fresh rows
+  /// for either split; text draws windows from the chosen split of the file.
+  virtual Batch sample(int64_t batch_size, Split split, at::Generator& gen,
+                       torch::Device device) = 0;
+  /// A prompt as the user types it -> ids (1, T). Synthetic tasks: integers separated by
+  /// spaces or commas; text: the prompt's bytes. Throws on an empty or invalid prompt.
+  virtual torch::Tensor encode(const std::string& prompt) const;
+  /// ids -> what the user reads: space-separated integers, or text.
+  virtual std::string decode(const torch::Tensor& ids) const;
+};
+
 /// The reference repeat task: each row is one random id repeated T + 1 times;
 /// inputs are the first T ids, targets the last T. All targets are predictable.
-/// Ids come from `gen` (a CPU generator) so a seed fixes the data exactly.
 Batch repeat_batch(int64_t batch_size, int64_t seq_len, int64_t vocab_size, at::Generator& gen,
                    torch::Device device = torch::kCPU);
+
+/// copy / reverse / sort: each row of T + 1 ids is a random prefix x of h = ceil((T+1)/2)
+/// ids followed by x, reverse(x) or sort(x) (cut to fit). The targets from position h - 1
+/// on are predictable; the prefix is not.
+Batch sequence_transform_batch(const std::string& kind, int64_t batch_size, int64_t seq_len,
+                               int64_t vocab_size, at::Generator& gen,
+                               torch::Device device = torch::kCPU);
+
+/// Byte-level language modelling on a file: V = 256; the last `val_fraction` of the
+/// bytes is the validation split; batches are random windows of T + 1 bytes.
+class TextTask : public Task {
+ public:
+  TextTask(const std::string& path, int64_t seq_len, double val_fraction);
+  std::string name() const override { return "text"; }
+  int64_t vocab_size() const override { return 256; }
+  int64_t seq_len() const override { return seq_len_; }
+  bool synthetic() const override { return false; }
+  Batch sample(int64_t batch_size, Split split, at::Generator& gen, torch::Device device) override;
+  torch::Tensor encode(const std::string& prompt) const override;
+  std::string decode(const torch::Tensor& ids) const override;
+  int64_t train_bytes() const { return train_.numel(); }
+  int64_t validation_bytes() const { return val_.numel(); }
+
+ private:
+  int64_t seq_len_;
+  torch::Tensor train_, val_;  // uint8 on the CPU
+};
+
+/// The task a run config names (task, seq-len, vocab-size, data, val-fraction).
+std::unique_ptr<Task> make_task(const RunConfig& config);
 
 }  // namespace tinylm::data

@@ -1,0 +1,51 @@
+// Causal check and ASCII heatmap of attention weights.
+#include <tinylm/report.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+
+namespace tinylm {
+
+CausalCheck causal_check(const torch::Tensor& weights) {
+  TORCH_CHECK(weights.dim() >= 2 && weights.size(-1) == weights.size(-2),
+              "causal_check: expected weights (..., T, T), got shape ", weights.sizes());
+  const int64_t T = weights.size(-1);
+  auto w = weights.to(torch::kCPU, torch::kFloat64);
+  auto future = torch::ones({T, T}, torch::kBool).triu(1);
+  CausalCheck c;
+  c.future_weight_sum = w.masked_select(future.expand(w.sizes())).sum().item<double>();
+  c.max_row_error = (w.sum(-1) - 1.0).abs().max().item<double>();
+  return c;
+}
+
+std::string ascii_heatmap(const torch::Tensor& weights) {
+  TORCH_CHECK(weights.dim() == 2 && weights.size(0) == weights.size(1),
+              "ascii_heatmap: expected one (T, T) matrix, got shape ", weights.sizes());
+  static const char kGlyphs[] = " .:-=+*#%@";
+  constexpr int kLevels = sizeof(kGlyphs) - 2;  // index of '@'
+  auto w = weights.to(torch::kCPU, torch::kFloat64);
+  const int64_t T = w.size(0);
+  const double top = std::max(w.max().item<double>(), 1e-12);
+  std::string out = "     ";
+  char buf[32];
+  for (int64_t j = 0; j < T; ++j) {
+    std::snprintf(buf, sizeof buf, "%2lld", static_cast<long long>(j % 10));
+    out += buf;
+  }
+  out += "   (keys)\n";
+  for (int64_t i = 0; i < T; ++i) {
+    std::snprintf(buf, sizeof buf, "%4lld ", static_cast<long long>(i));
+    out += buf;
+    for (int64_t j = 0; j < T; ++j) {
+      const double v = w[i][j].item<double>() / top;
+      const int level = static_cast<int>(std::lround(std::clamp(v, 0.0, 1.0) * kLevels));
+      out += ' ';
+      out += kGlyphs[level];
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace tinylm
