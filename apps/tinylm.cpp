@@ -134,11 +134,9 @@ int run_train(const TrainArgs& args) {
     return 0;
   }
   train::Trainer trainer(cfg);
+  if (ck) trainer.resume(*ck);  // checks fit before anything is printed
   print_model_facts(cfg, *trainer.model(), trainer.device());
-  if (ck) {
-    trainer.resume(*ck);
-    logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
-  }
+  if (ck) logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
   print_contracts(trainer);
 
   std::signal(SIGINT, on_signal);

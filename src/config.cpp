@@ -177,6 +177,9 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
   std::vector<std::string> set;
   for (const auto& [key_view, node] : table) {
     const std::string key(key_view.str());
+    TORCH_CHECK(!node.is_table() && !node.is_array_of_tables(), origin, ":",
+                node.source().begin.line, ": [", key,
+                "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");
     const ConfigField* field = find_config_field(key);
     TORCH_CHECK(field, origin, ": unknown key '", key, "'", suggestion(key));
     const auto line = node.source().begin.line;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Every class of user mistake gets a short message naming the problem and a non-zero
+# exit: never a crash, an abort or a C++ backtrace.
+# usage: test_cli_errors.sh path/to/tinylm scratch-dir
+set -u
+tinylm=$1
+work=$2
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+failures=0
+
+expect_error() {  # name, text the message must contain, command...
+  local name=$1 want=$2
+  shift 2
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  local why=""
+  if [ "$rc" -eq 0 ]; then why="exited 0"
+  elif [ "$rc" -ge 128 ]; then why="killed by a signal (exit $rc)"
+  elif grep -qE "terminate called|Aborted|Segmentation fault|Exception raised from|frame #[0-9]" <<<"$out"; then why="crash or backtrace"
+  elif ! grep -qF -- "$want" <<<"$out"; then why="message lacks '$want'"
+  elif [ "$(grep -c . <<<"$out")" -gt 2 ]; then why="more than two lines"
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL $name: $why"
+    sed 's/^/     | /' <<<"$out"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $(head -n 1 <<<"$out")"
+  fi
+}
+
+# A good checkpoint to break in various ways (a 12-step run).
+"$tinylm" train --steps-per-epoch 4 --log-every 100 --out-dir good > good.log 2>&1 || { echo "FAIL setup: training failed"; cat good.log; exit 1; }
+ckpt=good/step-00000012.ckpt
+[ -f "$ckpt" ] || { echo "FAIL setup: no checkpoint"; ls good; exit 1; }
+
+# ---- flags
+expect_error "unknown flag"          "--bogus"              "$tinylm" train --bogus 3
+expect_error "non-numeric value"     "--lr"                 "$tinylm" train --lr fast
+expect_error "invalid value"         "lr must be > 0"       "$tinylm" train --lr -1
+expect_error "heads do not divide"   "must be divisible"    "$tinylm" train --d-model 30
+expect_error "unknown task"          "task must be one of"  "$tinylm" train --task addition
+expect_error "missing subcommand"    "subcommand"           "$tinylm"
+expect_error "eval without file"     "checkpoint"           "$tinylm" eval
+expect_error "cuda where none"       "CUDA is not available" "$tinylm" train --device cuda
+expect_error "bad device"            "unknown device"       "$tinylm" train --device gpu7
+expect_error "bf16 on cpu"           "bf16 autocast needs a CUDA device" "$tinylm" train --bf16 --device cpu
+
+# ---- config files
+printf 'lr = 0.1\nlearning_rate = 2\n' > typo.toml
+expect_error "config unknown key"    "unknown key 'learning_rate'" "$tinylm" train --config typo.toml
+printf 'epochs = "three"\n' > type.toml
+expect_error "config wrong type"     "'epochs' must be an integer" "$tinylm" train --config type.toml
+printf 'lr = = 1\n' > syntax.toml
+expect_error "config bad TOML"       "not valid TOML"      "$tinylm" train --config syntax.toml
+printf '[model]\nd-model = 8\n' > nested.toml
+expect_error "config nested table"   "flat keys only"      "$tinylm" train --config nested.toml
+expect_error "config missing"        "cannot read config file" "$tinylm" train --config nowhere.toml
+expect_error "config and resume"     "--config and --resume" "$tinylm" train --config typo.toml --resume good
+
+# ---- checkpoints
+expect_error "checkpoint missing"    "does not exist"      "$tinylm" eval nowhere.ckpt
+head -c 1000 "$ckpt" > truncated.ckpt
+expect_error "checkpoint truncated"  "is truncated"        "$tinylm" eval truncated.ckpt
+echo "hello" > foreign.ckpt
+expect_error "checkpoint foreign"    "is not a tinylm checkpoint" "$tinylm" eval foreign.ckpt
+cp "$ckpt" corrupt.ckpt && printf '\xff\xff\xff\xff' | dd of=corrupt.ckpt bs=1 seek=2000 conv=notrunc 2>/dev/null
+expect_error "checkpoint corrupt"    "is corrupt"          "$tinylm" eval corrupt.ckpt
+cp "$ckpt" newer.ckpt && printf '\x09' | dd of=newer.ckpt bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_error "checkpoint newer"      "upgrade tinylm"      "$tinylm" eval newer.ckpt
+mkdir -p empty
+expect_error "run dir without ckpt"  "holds no step-*.ckpt" "$tinylm" eval empty
+expect_error "resume, other shape"   "does not fit the model" "$tinylm" train --resume good --d-model 64
+expect_error "resume, other optim"   "resume with --optimizer adam" "$tinylm" train --resume good --optimizer adamw
+expect_error "resume past the end"   "past this run's last step" "$tinylm" train --resume good --steps-per-epoch 2
+
+# ---- data files
+expect_error "text without data"     "needs a training file" "$tinylm" train --task text --vocab-size 256
+expect_error "text data missing"     "cannot read data file" "$tinylm" train --task text --vocab-size 256 --data nowhere.txt
+echo "tiny" > small.txt
+expect_error "text data too small"   "is too small"        "$tinylm" train --task text --vocab-size 256 --data small.txt
+expect_error "text wrong vocab"      "vocab-size must be 256" "$tinylm" train --task text --data small.txt
+
+# ---- prompts and sampling
+expect_error "prompt not ids"        "is not a token id"   "$tinylm" sample good --prompt "three"
+expect_error "prompt out of range"   "out of range [0, 64)" "$tinylm" sample good --prompt "64"
+expect_error "prompt empty"          "prompt is empty"     "$tinylm" sample good --prompt ""
+expect_error "prompt missing"        "--prompt"            "$tinylm" sample good
+expect_error "temperature zero"      "temperature must be > 0" "$tinylm" sample good --prompt 1 --temperature 0
+expect_error "top-p out of range"    "top_p must be in (0, 1]" "$tinylm" sample good --prompt 1 --top-p 1.5
+expect_error "heatmap head"          "--head 9 is out of range" "$tinylm" sample good --prompt 1 --heatmap --head 9
+
+# Nothing the user had was touched by any of this.
+"$tinylm" eval "$ckpt" > /dev/null 2>&1 || { echo "FAIL: the good checkpoint no longer loads"; failures=$((failures + 1)); }
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]

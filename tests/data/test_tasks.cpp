@@ -1,0 +1,81 @@
+#include "../test_util.h"
+
+#include <tinylm/config.h>
+#include <tinylm/data/tasks.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace tinylm;
+using namespace tinylm::data;
+using tinylm::test::error_message;
+
+TEST_CASE("copy, reverse and sort rows: prefix, transformed prefix, scored second half",
+          "[data][tasks]") {
+  const std::string kind = GENERATE("copy", "reverse", "sort");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  const int64_t T = 12, h = 7;  // rows of T + 1 = 13 ids: 7 random, 6 derived
+  auto b = sequence_transform_batch(kind, 32, T, 50, gen);
+  REQUIRE(b.inputs.sizes() == torch::IntArrayRef({32, T}));
+  auto rows = torch::cat({b.inputs, b.targets.narrow(1, T - 1, 1)}, 1);  // (B, T + 1)
+  CHECK(torch::equal(b.inputs.narrow(1, 1, T - 1), b.targets.narrow(1, 0, T - 1)));
+  auto x = rows.narrow(1, 0, h);
+  torch::Tensor y = kind == "copy" ? x : kind == "reverse" ? x.flip(1) : std::get<0>(x.sort(1));
+  CHECK(torch::equal(rows.narrow(1, h, T + 1 - h), y.narrow(1, 0, T + 1 - h)));
+  // scored: targets at positions >= h - 1 (they predict ids h..T)
+  auto expected = (torch::arange(T) >= h - 1).unsqueeze(0).expand({32, T});
+  CHECK(torch::equal(b.scored, expected));
+}
+
+TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
+  RunConfig c;
+  for (const char* name : {"repeat", "copy", "reverse", "sort"}) {
+    c.task = name;
+    auto task = make_task(c);
+    CHECK(task->name() == name);
+    CHECK(task->vocab_size() == 64);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+    auto b = task->sample(4, Split::train, gen, torch::kCPU);
+    CHECK(b.inputs.sizes() == torch::IntArrayRef({4, 12}));
+    CHECK(b.inputs.max().item<int64_t>() < 64);
+  }
+}
+
+TEST_CASE("synthetic prompts are ids; bad ones are refused", "[data][tasks][errors]") {
+  RunConfig c;
+  auto task = make_task(c);
+  auto ids = task->encode("3, 4 5");
+  CHECK(torch::equal(ids, torch::tensor({3, 4, 5}, torch::kLong).unsqueeze(0)));
+  CHECK(task->decode(ids) == "3 4 5");
+  CHECK_THAT(error_message([&] { task->encode("3 four"); }),
+             Catch::Contains("'four' is not a token id"));
+  CHECK_THAT(error_message([&] { task->encode("64"); }),
+             Catch::Contains("token id 64 is out of range [0, 64)"));
+  CHECK_THAT(error_message([&] { task->encode("  "); }), Catch::Contains("prompt is empty"));
+}
+
+TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes",
+          "[data][tasks][text]") {
+  const auto path = std::filesystem::temp_directory_path() / "tinylm_text_task.txt";
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += static_cast<char>('a' + i % 26);
+  std::ofstream(path) << text;
+  TextTask task(path.string(), 8, 0.2);
+  CHECK(task.train_bytes() == 80);
+  CHECK(task.validation_bytes() == 20);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto b = task.sample(16, Split::validation, gen, torch::kCPU);
+  CHECK(b.inputs.sizes() == torch::IntArrayRef({16, 8}));
+  // Consecutive bytes of the alphabet: each target is the next letter.
+  CHECK(torch::equal((b.inputs - 'a' + 1) % 26, b.targets - 'a'));
+  // Validation windows come from the last 20 bytes: positions 80..99 = letters 2..21 ('c'..'v').
+  CHECK(b.inputs.min().item<int64_t>() >= 'c');
+  CHECK(task.decode(task.encode("héllo")) == "héllo");
+  CHECK_THAT(error_message([&] { TextTask(path.string(), 30, 0.2); }),
+             Catch::Contains("is too small: 100 bytes give 80 training and 20 validation bytes"));
+  CHECK_THAT(error_message([] { TextTask("/no/such/file.txt", 8, 0.1); }),
+             Catch::Contains("cannot read data file '/no/such/file.txt'"));
+  std::filesystem::remove(path);
+}

@@ -1,0 +1,103 @@
+#include "test_util.h"
+
+#include <tinylm/config.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+using namespace tinylm;
+using tinylm::test::error_message;
+
+TEST_CASE("defaults are the reference run and validate", "[config]") {
+  RunConfig c;
+  CHECK(c.task == "repeat");
+  CHECK(c.vocab_size == 64);
+  CHECK(c.d_model == 32);
+  CHECK(c.n_heads == 4);
+  CHECK(c.seq_len == 12);
+  CHECK(c.batch_size == 16);
+  CHECK(c.total_steps() == 360);
+  CHECK(c.lr == 5e-3);
+  CHECK(c.seed == 42);
+  validate(c);
+}
+
+TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
+  RunConfig c;
+  c.model = "transformer";
+  c.lr = 3.0000000000000001e-4;
+  c.dropout = 0.1;
+  c.pre_ln = false;
+  c.data = "some \"quoted\" path\\x";
+  c.n_layers = 7;
+  RunConfig back;
+  const auto keys = apply_toml(back, to_toml(c), "round-trip");
+  CHECK(keys.size() == config_fields().size());
+  for (const auto& f : config_fields()) {
+    INFO(f.name);
+    CHECK(field_value_string(f, back) == field_value_string(f, c));
+  }
+  CHECK(back.lr == c.lr);
+}
+
+TEST_CASE("config files: unknown keys, wrong types and bad TOML are named", "[config][errors]") {
+  RunConfig c;
+  CHECK_THAT(error_message([&] { apply_toml(c, "learning-rate = 0.1\n", "x.toml"); }),
+             Catch::Contains("x.toml: unknown key 'learning-rate'"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "d_model = 8\n", "x.toml"); }),
+             Catch::Contains("did you mean 'd-model'?"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "lr = \"fast\"\n", "x.toml"); }),
+             Catch::Contains("x.toml:1: 'lr' must be a number, got string"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "\nepochs = 2.5\n", "x.toml"); }),
+             Catch::Contains("x.toml:2: 'epochs' must be an integer"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "bf16 = 1\n", "x.toml"); }),
+             Catch::Contains("'bf16' must be true or false"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "task = repeat\n", "x.toml"); }),
+             Catch::Contains("x.toml:1: not valid TOML"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "[model]\nd-model = 8\n", "x.toml"); }),
+             Catch::Contains("x.toml:1: [model] is a table: tinylm configs use flat keys only"));
+  CHECK_THAT(error_message([&] { apply_toml_file(c, "/no/such/file.toml"); }),
+             Catch::Contains("cannot read config file '/no/such/file.toml'"));
+  // An integer is accepted where a float is expected.
+  apply_toml(c, "lr = 1\n", "x.toml");
+  CHECK(c.lr == 1.0);
+}
+
+TEST_CASE("validate names the field, the value and the rule", "[config][errors]") {
+  auto bad = [](auto edit) {
+    RunConfig c;
+    edit(c);
+    return error_message([&] { validate(c); });
+  };
+  CHECK_THAT(bad([](RunConfig& c) { c.lr = 0; }), Catch::Contains("lr must be > 0, got 0"));
+  CHECK_THAT(bad([](RunConfig& c) { c.task = "addition"; }),
+             Catch::Contains("task must be one of repeat, copy, reverse, sort, text, got 'addition'"));
+  CHECK_THAT(bad([](RunConfig& c) { c.n_heads = 3; }),
+             Catch::Contains("d-model 32 must be divisible by n-heads 3"));
+  CHECK_THAT(bad([](RunConfig& c) { c.context_length = 4; }),
+             Catch::Contains("context-length 4 is shorter than seq-len 12"));
+  CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; }),
+             Catch::Contains("task text needs a training file"));
+  CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; c.data = "f"; }),
+             Catch::Contains("vocab-size must be 256, got 64"));
+  CHECK_THAT(bad([](RunConfig& c) { c.batch_size = 0; }),
+             Catch::Contains("batch-size must be >= 1, got 0"));
+  CHECK_THAT(bad([](RunConfig& c) { c.optimizer = "sgd"; }),
+             Catch::Contains("optimizer must be one of adam, adamw, got 'sgd'"));
+}
+
+TEST_CASE("every shipped config file parses and validates", "[config][configs]") {
+  const std::filesystem::path dir = TINYLM_SOURCE_DIR "/configs";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    INFO(entry.path());
+    RunConfig c;
+    apply_toml_file(c, entry.path().string());
+    if (c.task == "text") c.data = TINYLM_SOURCE_DIR "/" + c.data;
+    validate(c);
+    ++n;
+  }
+  CHECK(n >= 5);
+}

@@ -1,0 +1,219 @@
+#include "../test_util.h"
+
+#include <tinylm/train/trainer.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+using namespace tinylm;
+using namespace tinylm::train;
+using tinylm::test::error_message;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+RunConfig quiet(const std::string& name) {
+  RunConfig c;
+  c.out_dir = (fs::temp_directory_path() / ("tinylm_trainer_test_" + name)).string();
+  fs::remove_all(c.out_dir);
+  c.log_every = 1000;
+  c.eval_batches = 2;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the reference run trains the repeat task to < 0.01 and 100% accuracy", "[train][slow]") {
+  RunConfig c = quiet("reference");
+  Trainer trainer(c);
+  auto r = trainer.fit();
+  REQUIRE(r.epoch_losses.size() == 3);
+  INFO("epoch means " << r.epoch_losses[0] << " " << r.epoch_losses[1] << " " << r.epoch_losses[2]);
+  CHECK(r.epoch_losses[0] > r.epoch_losses[1]);
+  CHECK(r.epoch_losses[1] > r.epoch_losses[2]);
+  CHECK(r.epoch_losses[2] < 0.01);
+  CHECK(r.last_eval.accuracy == 1.0);
+  CHECK(fs::exists(r.last_checkpoint));
+  CHECK(fs::exists(r.best_checkpoint));
+}
+
+TEST_CASE("the same config and seed give the same losses", "[train][reproducible]") {
+  RunConfig c = quiet("repro");
+  c.model = "transformer";
+  c.dropout = 0.1;  // dropout draws from the seeded generator too
+  c.epochs = 1;
+  c.steps_per_epoch = 15;
+  auto a = Trainer(c).fit().losses;
+  auto b = Trainer(c).fit().losses;
+  CHECK(a == b);
+  c.seed = 43;
+  CHECK(Trainer(c).fit().losses != a);
+}
+
+TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
+  RunConfig c = quiet("resume");
+  c.model = "transformer";
+  c.optimizer = "adamw";
+  c.weight_decay = 0.1;
+  c.dropout = 0.1;
+  c.lr_schedule = "cosine";
+  c.warmup_steps = 4;
+  c.grad_clip = 1.0;
+  c.epochs = 2;
+  c.steps_per_epoch = 10;
+  c.save_every = 7;
+  const auto full = Trainer(c).fit();
+
+  std::atomic<bool> stop{false};
+  // Stop after step 7 has been checkpointed: the stop flag is read between steps.
+  RunConfig c7 = c;
+  c7.log_every = 7;
+  c7.out_dir += "_part";  // its own directory: the full run's checkpoints are elsewhere
+  fs::remove_all(c7.out_dir);
+  Trainer part(c7);
+  part.on_progress = [&](const StepRecord& rec) { if (rec.step == 7) stop = true; };
+  auto r1 = part.fit(&stop);
+  REQUIRE(r1.interrupted);
+  REQUIRE(r1.end_step == 7);
+
+  Trainer resumed(c7);
+  resumed.resume(read_checkpoint(resolve_checkpoint_path(c7.out_dir)));
+  auto r2 = resumed.fit();
+  REQUIRE(r2.start_step == 7);
+  REQUIRE(r2.losses.size() == 13);
+  for (size_t i = 0; i < r2.losses.size(); ++i) {
+    INFO("step " << 8 + i);
+    CHECK(r2.losses[i] == full.losses[7 + i]);  // bit-identical
+  }
+  CHECK(r2.epoch_losses.back() == full.epoch_losses.back());
+}
+
+TEST_CASE("learning rate: linear warmup then cosine to the floor", "[train][schedule]") {
+  RunConfig c;
+  c.lr = 1.0;
+  c.warmup_steps = 10;
+  c.epochs = 1;
+  c.steps_per_epoch = 110;
+  c.lr_schedule = "cosine";
+  c.min_lr_ratio = 0.1;
+  CHECK(learning_rate_at(c, 0) == Approx(0.1));
+  CHECK(learning_rate_at(c, 9) == Approx(1.0));
+  CHECK(learning_rate_at(c, 10) == Approx(1.0));
+  CHECK(learning_rate_at(c, 60) == Approx(0.55));
+  CHECK(learning_rate_at(c, 110) == Approx(0.1));
+  c.lr_schedule = "constant";
+  CHECK(learning_rate_at(c, 60) == 1.0);
+}
+
+TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train][optim]") {
+  // Two runs that differ only in weight decay: parameters outside the decay group end
+  // bit-identical, decayed matrices do not.
+  auto run = [](double wd, const std::string& name) {
+    RunConfig c = quiet(name);
+    c.model = "transformer";
+    c.optimizer = "adamw";
+    c.weight_decay = wd;
+    c.lr = 0.05;
+    c.epochs = 1;
+    c.steps_per_epoch = 1;  // one step: later steps would see different gradients
+    Trainer t(c);
+    t.fit();
+    return t.model()->named_parameters();
+  };
+  auto decayed = run(0.5, "adamw_decay"), plain = run(0.0, "adamw_plain");
+  for (const char* same : {"token_embedding.weight", "positions.weight", "blocks.0.ln1.weight",
+                           "blocks.0.attn.qkv_proj.bias", "ln_f.bias"}) {
+    INFO(same);
+    CHECK(torch::equal(decayed[same], plain[same]));
+  }
+  for (const char* moved : {"blocks.0.attn.qkv_proj.weight", "blocks.1.mlp.fc.weight"}) {
+    INFO(moved);
+    CHECK_FALSE(torch::equal(decayed[moved], plain[moved]));
+  }
+}
+
+TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accum]") {
+  // The data generator yields the same 16 rows either way, so the two runs see the
+  // same data and must follow the same trajectory up to float rounding.
+  auto run = [](int64_t batch, int64_t accum, const std::string& name) {
+    RunConfig c = quiet(name);
+    c.epochs = 1;
+    c.steps_per_epoch = 10;
+    c.batch_size = batch;
+    c.grad_accum = accum;
+    return Trainer(c).fit().losses;
+  };
+  auto one = run(16, 1, "accum1"), two = run(8, 2, "accum2");
+  REQUIRE(one.size() == two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(two[i] == Approx(one[i]).epsilon(1e-4));
+  }
+  CHECK(one.back() < one.front());
+}
+
+TEST_CASE("a NaN loss stops training with a clear error and keeps the last checkpoint",
+          "[train][errors]") {
+  RunConfig c = quiet("nan");
+  c.epochs = 1;
+  c.steps_per_epoch = 20;
+  c.save_every = 5;
+  c.log_every = 6;
+  Trainer t(c);
+  // After step 6 (step 5 is checkpointed), poison a weight: step 7's loss is NaN.
+  t.on_progress = [&](const StepRecord& rec) {
+    if (rec.step == 6) {
+      torch::NoGradGuard g;
+      t.model()->parameters().front().fill_(std::nan(""));
+    }
+  };
+  const auto msg = error_message([&] { t.fit(); });
+  CHECK_THAT(msg, Catch::Contains("the loss became nan at step 7"));
+  CHECK_THAT(msg, Catch::Contains("the last good checkpoint is"));
+  CHECK_THAT(msg, Catch::Contains("step-00000005.ckpt"));
+  auto ck = read_checkpoint((fs::path(c.out_dir) / "step-00000005.ckpt").string());
+  auto model = build_model(ck.config);
+  load_model_state(ck, *model);
+  CHECK_FALSE(model->parameters().front().isnan().any().item<bool>());
+  CHECK_FALSE(fs::exists(fs::path(c.out_dir) / "step-00000007.ckpt"));
+}
+
+TEST_CASE("a solved task stops early when asked", "[train][solve]") {
+  RunConfig c = quiet("solve");
+  c.epochs = 20;
+  c.eval_every = 20;
+  c.stop_when_solved = true;
+  c.solve_loss = 0.05;
+  auto r = Trainer(c).fit();
+  CHECK(r.solved);
+  CHECK(r.end_step < c.total_steps());
+  CHECK(r.last_eval.accuracy == 1.0);
+  CHECK(r.last_eval.scored_loss < 0.05);
+}
+
+TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
+  RunConfig c = quiet("prune");
+  c.epochs = 1;
+  c.steps_per_epoch = 10;
+  c.save_every = 2;
+  c.keep_last = 2;
+  Trainer(c).fit();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(c.out_dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"best.ckpt", "metrics.jsonl", "step-00000008.ckpt",
+                                          "step-00000010.ckpt"});
+}
+
+TEST_CASE("devices: auto and cpu resolve; bad specs are refused", "[train][device][errors]") {
+  CHECK(resolve_device("cpu").is_cpu());
+  CHECK(resolve_device("auto").is_cuda() == torch::cuda::is_available());
+  CHECK_THAT(error_message([] { resolve_device("tpu"); }),
+             Catch::Contains("unknown device 'tpu': use auto, cpu, cuda or cuda:N"));
+  if (!torch::cuda::is_available()) {
+    CHECK_THAT(error_message([] { resolve_device("cuda:0"); }),
+               Catch::Contains("CUDA is not available here"));
+  }
+}
