@@ -280,6 +280,7 @@ int run_sample(const SampleArgs& a) {
 int main(int argc, char** argv) {
   CLI::App app{"tinylm: train, evaluate and sample tiny transformer language models"};
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level works after the subcommand too
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));

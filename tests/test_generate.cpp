@@ -41,7 +41,7 @@ TEST_CASE("a prompt longer than the context still generates (sliding window)", "
   CHECK(out[0][20].item<int64_t>() == tail[0][8].item<int64_t>());
 }
 
-TEST_CASE("the same seed gives the same tokens; the global RNG is untouched", "[generate]") {
+TEST_CASE("the same seed gives the same tokens and leaves the global RNG untouched", "[generate]") {
   auto model = small_model();
   auto prompt = torch::zeros({3, 2}, torch::kLong);
   GenerateOptions o;

@@ -43,7 +43,7 @@ TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
   }
 }
 
-TEST_CASE("synthetic prompts are ids; bad ones are refused", "[data][tasks][errors]") {
+TEST_CASE("synthetic prompts are ids, bad ones are refused", "[data][tasks][errors]") {
   RunConfig c;
   auto task = make_task(c);
   auto ids = task->encode("3, 4 5");

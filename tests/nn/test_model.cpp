@@ -62,7 +62,7 @@ TEST_CASE("TransformerLM: logits shape for every position encoding", "[nn][model
   CHECK(out.attention[1].sizes() == torch::IntArrayRef({3, 4, 10, 10}));
 }
 
-TEST_CASE("tied head shares the embedding's storage; untied does not", "[nn][model][tie]") {
+TEST_CASE("tied head shares the embedding storage, untied does not", "[nn][model][tie]") {
   TransformerLM tied(TransformerLMOptions(100, 16, 32, 4, 2).tie_weights(true));
   TransformerLM untied(TransformerLMOptions(100, 16, 32, 4, 2).tie_weights(false));
   CHECK(tied->lm_head_weight().data_ptr() == tied->token_embedding->weight.data_ptr());

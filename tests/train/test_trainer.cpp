@@ -207,7 +207,7 @@ TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
                                           "step-00000010.ckpt"});
 }
 
-TEST_CASE("devices: auto and cpu resolve; bad specs are refused", "[train][device][errors]") {
+TEST_CASE("devices: auto and cpu resolve, bad specs are refused", "[train][device][errors]") {
   CHECK(resolve_device("cpu").is_cpu());
   CHECK(resolve_device("auto").is_cuda() == torch::cuda::is_available());
   CHECK_THAT(error_message([] { resolve_device("tpu"); }),
