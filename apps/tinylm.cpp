@@ -2,6 +2,8 @@
 //   tinylm train  [--config F] [--flags...] [--resume CKPT|DIR] [--print-config]
 //   tinylm eval   CKPT|DIR [--json]
 //   tinylm sample CKPT|DIR --prompt "..." [--heatmap]
+#include "bench.h"
+
 #include <tinylm/tinylm.h>
 
 #include <CLI/CLI.hpp>
@@ -325,6 +327,17 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default")->capture_default_str();
   sample_cmd->add_option("--data", s.data, "text task: the data file, if it moved");
 
+  BenchArgs bench_args;
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
+  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention")
+      ->capture_default_str();
+  bench_cmd->add_flag("--quick", bench_args.quick, "tiny repetition counts: checks the harness, not speed");
+  bench_cmd->add_option("--threads", bench_args.threads, "intra-op CPU threads; 0 = default")
+      ->capture_default_str();
+  bench_cmd->add_option("--memory-steps", bench_args.memory_steps,
+                        "also train P2 this many more steps and report resident-memory growth")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -340,6 +353,7 @@ int main(int argc, char** argv) {
     if (*train_cmd) return run_train(train_args);
     if (*eval_cmd) return run_eval(eval_args);
     if (*sample_cmd) return run_sample(s);
+    if (*bench_cmd) return run_bench(bench_args);
   } catch (const c10::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());

@@ -67,11 +67,22 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
 
   const int64_t C = model.context_length();
   auto seq = prompt.to(device);  // (B, T)
+  nn::KVCache cache;
+  torch::Tensor next;  // (B, 1): the token sampled last
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int64_t T = seq.size(1);
-    auto window = seq.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));  // (B, <= C)
-    auto logits = model.forward(window).logits.select(1, -1);                  // (B, V)
-    torch::Tensor next;                                                        // (B, 1)
+    torch::Tensor logits;  // (B, V) for the next position
+    if (options.use_kv_cache && i > 0 && cache.length < C) {
+      logits = model.forward_cached(next, cache).select(1, -1);  // one new position
+    } else {
+      auto window = seq.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));  // (B, <= C)
+      if (options.use_kv_cache) {
+        cache = nn::KVCache{};
+        logits = model.forward_cached(window, cache).select(1, -1);
+      } else {
+        logits = model.forward(window).logits.select(1, -1);
+      }
+    }
     if (options.greedy) {
       next = logits.argmax(-1, /*keepdim=*/true);
     } else {

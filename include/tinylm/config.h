@@ -27,6 +27,7 @@ struct RunConfig {
   double attn_dropout = 0.0;         // transformer only
   bool bias = true;                  // transformer only
   int64_t mlp_expansion = 4;         // transformer only
+  bool fused_attention = true;       // fused CPU attention kernel where it applies
   // ---- task
   std::string task = "repeat";       // repeat | copy | reverse | sort | text
   int64_t seq_len = 12;
@@ -43,6 +44,7 @@ struct RunConfig {
   double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
   double grad_clip = 0.0;            // max global grad norm; 0 = off
   int64_t grad_accum = 1;            // micro-batches per optimizer step
+  bool fused_optimizer = true;       // Adam/AdamW over one flat buffer (else LibTorch's)
   int64_t batch_size = 16;
   int64_t epochs = 3;
   int64_t steps_per_epoch = 120;

@@ -20,6 +20,10 @@ struct GenerateOptions {
   double top_p = 1.0;
   /// Always take the most likely token (temperature, top-k and top-p are then unused).
   bool greedy = false;
+  /// Decode with a KV cache: each new token costs one position, not a whole window.
+  /// Once the sequence outgrows the context, each step re-reads the last context_length
+  /// tokens (absolute positions shift), as without a cache. Same tokens either way.
+  bool use_kv_cache = true;
   /// Seeds a private generator: the same seed gives the same tokens, and the global
   /// RNG is left untouched. Without a seed, the global CPU generator is used.
   std::optional<uint64_t> seed;

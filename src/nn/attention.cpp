@@ -1,6 +1,7 @@
 // Multi-head self-attention.
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
 #include <tinylm/nn/attention.h>
+#include <tinylm/nn/fused_attention.h>
 
 #include <torch/torch.h>
 
@@ -75,7 +76,18 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   TORCH_CHECK(T <= options.max_context_length(), "MultiHeadSelfAttention: sequence length ", T,
               " exceeds max_context_length ", options.max_context_length());
 
-  auto qkv = qkv_proj(x).chunk(3, /*dim=*/-1);  // 3 x (B, T, D)
+  auto qkv_all = qkv_proj(x);  // (B, T, 3D)
+  const bool dropout_active = is_training() && options.attn_dropout() > 0;
+  if (options.fused() && !padding_mask.defined() && !dropout_active &&
+      fused_attention_supported(qkv_all)) {
+    torch::Tensor weights;
+    auto context = fused_self_attention(qkv_all, H, options.causal(),
+                                        return_weights ? &weights : nullptr);  // (B, T, D)
+    auto out = torch::dropout(out_proj(context), options.out_dropout(), is_training());
+    return {out, weights};
+  }
+
+  auto qkv = qkv_all.chunk(3, /*dim=*/-1);      // 3 x (B, T, D)
   auto q = split_heads(qkv[0], H);              // (B, H, T, Dh)
   auto k = split_heads(qkv[1], H);              // (B, H, T, Dh)
   auto v = split_heads(qkv[2], H);              // (B, H, T, Dh)
@@ -113,6 +125,30 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   auto context = merge_heads(torch::matmul(attn, v));  // (B, H, T, Dh) -> (B, T, D)
   auto out = torch::dropout(out_proj(context), options.out_dropout(), is_training());
   return {out, return_weights ? weights : torch::Tensor()};
+}
+
+torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
+                                                        torch::Tensor& values) {
+  const int64_t D = options.d_model(), H = options.n_heads();
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == D, "MultiHeadSelfAttention: expected new tokens (B, Tn, ",
+              D, "), got ", x.sizes());
+  const int64_t Tn = x.size(1), Tc = keys.defined() ? keys.size(2) : 0;
+  TORCH_CHECK(Tc + Tn <= options.max_context_length(), "MultiHeadSelfAttention: cached length ",
+              Tc, " + new tokens ", Tn, " exceeds max_context_length ", options.max_context_length());
+  auto qkv = qkv_proj(x).chunk(3, /*dim=*/-1);                // 3 x (B, Tn, D)
+  auto q = split_heads(qkv[0], H);                            // (B, H, Tn, Dh)
+  auto k = split_heads(qkv[1], H), v = split_heads(qkv[2], H);
+  keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;           // (B, H, Tc + Tn, Dh)
+  values = Tc ? torch::cat({values, v}, /*dim=*/2) : v;
+  auto scores = torch::matmul(q, keys.transpose(-2, -1)) *
+                (1.0 / std::sqrt(static_cast<double>(d_head())));  // (B, H, Tn, Tc + Tn)
+  if (options.causal() && Tn > 1) {
+    auto allowed = causal_mask.narrow(0, Tc, Tn).narrow(1, 0, Tc + Tn);  // rows Tc.. of the mask
+    if (allowed.scalar_type() != torch::kBool) allowed = allowed.to(torch::kBool);
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  auto context = merge_heads(torch::matmul(torch::softmax(scores, -1), values));  // (B, Tn, D)
+  return out_proj(context);
 }
 
 }  // namespace tinylm::nn

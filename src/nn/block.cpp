@@ -53,7 +53,8 @@ void TransformerBlockImpl::reset() {
                       .attn_dropout(options.attn_dropout())
                       .out_dropout(options.residual_dropout())
                       .causal(options.causal())
-                      .bias(options.bias())));
+                      .bias(options.bias())
+                      .fused(options.fused_attention())));
   ln2 = register_module("ln2", torch::nn::LayerNorm(
                                    torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
@@ -80,6 +81,16 @@ AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool retur
   auto h = ln1(x + a.output);  // ln1(x + attn(x))
   h = ln2(h + mlp(h));         // ln2(x + mlp(x))
   return {h, a.weights};
+}
+
+torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
+                                                  torch::Tensor& values) {
+  if (options.pre_ln()) {
+    auto h = x + attn->forward_cached(ln1(x), keys, values);
+    return h + mlp(ln2(h));
+  }
+  auto h = ln1(x + attn->forward_cached(x, keys, values));
+  return ln2(h + mlp(h));
 }
 
 }  // namespace tinylm::nn

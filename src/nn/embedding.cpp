@@ -77,6 +77,13 @@ torch::Tensor LearnedPositionalEmbeddingImpl::forward(int64_t seq_len) {
   return weight.narrow(0, 0, seq_len);  // (T, D)
 }
 
+torch::Tensor LearnedPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
+  TORCH_CHECK(start >= 0 && length >= 1 && start + length <= options.max_context_length(),
+              "LearnedPositionalEmbedding: positions [", start, ", ", start + length,
+              ") exceed max_context_length ", options.max_context_length());
+  return weight.narrow(0, start, length);  // (length, D)
+}
+
 // ---- SinusoidalPositionalEmbedding ---------------------------------------------
 
 SinusoidalPositionalEmbeddingImpl::SinusoidalPositionalEmbeddingImpl(
@@ -114,6 +121,13 @@ torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) {
   TORCH_CHECK(seq_len <= options.max_context_length(), "SinusoidalPositionalEmbedding: seq_len ",
               seq_len, " exceeds max_context_length ", options.max_context_length());
   return pe.narrow(0, 0, seq_len);  // (T, D)
+}
+
+torch::Tensor SinusoidalPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
+  TORCH_CHECK(start >= 0 && length >= 1 && start + length <= options.max_context_length(),
+              "SinusoidalPositionalEmbedding: positions [", start, ", ", start + length,
+              ") exceed max_context_length ", options.max_context_length());
+  return pe.narrow(0, start, length);  // (length, D)
 }
 
 }  // namespace tinylm::nn

@@ -46,7 +46,8 @@ TinyAttentionLMImpl::TinyAttentionLMImpl(const TinyAttentionLMOptions& options_)
       "positions", SinusoidalPositionalEmbedding(
                        SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
   attention = register_module(
-      "attention", MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(D, options.n_heads(), C)));
+      "attention", MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(D, options.n_heads(), C)
+                                              .fused(options.fused_attention())));
   lm_head = register_module("lm_head", torch::nn::Linear(D, V));
 }
 
@@ -65,6 +66,17 @@ LMOutput TinyAttentionLMImpl::forward(const torch::Tensor& ids, bool return_weig
   LMOutput out{lm_head(a.output), {}};                    // (B, T, V)
   if (return_weights) out.attention.push_back(a.weights);  // (B, H, T, T)
   return out;
+}
+
+torch::Tensor TinyAttentionLMImpl::forward_cached(const torch::Tensor& ids, KVCache& cache) {
+  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.max_context_length());
+  cache.keys.resize(1);
+  cache.values.resize(1);
+  const int64_t Tn = ids.size(1);
+  auto x = token_embedding(ids) + positions->rows(cache.length, Tn);  // (B, Tn, D)
+  auto h = attention->forward_cached(x, cache.keys[0], cache.values[0]);
+  cache.length += Tn;
+  return lm_head(h);  // (B, Tn, V)
 }
 
 // ---- TransformerLM -------------------------------------------------------------
@@ -113,7 +125,8 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : opt
                                            .attn_dropout(options.attn_dropout())
                                            .residual_dropout(options.dropout())
                                            .bias(options.bias())
-                                           .pre_ln(options.pre_ln())));
+                                           .pre_ln(options.pre_ln())
+                                           .fused_attention(options.fused_attention())));
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})));
   if (!options.tie_weights()) {
@@ -181,6 +194,21 @@ LMOutput TransformerLMImpl::forward(const torch::Tensor& ids, bool return_weight
   auto h = hidden(ids, padding_mask, return_weights ? &out.attention : nullptr);
   out.logits = torch::nn::functional::linear(h, lm_head_weight());  // (B, T, V)
   return out;
+}
+
+torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCache& cache) {
+  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
+  const int64_t Tn = ids.size(1), L = options.n_layers();
+  cache.keys.resize(L);
+  cache.values.resize(L);
+  auto x = token_embedding(ids);                                                 // (B, Tn, D)
+  if (learned_positions) x = x + learned_positions->rows(cache.length, Tn);
+  if (sinusoidal_positions) x = x + sinusoidal_positions->rows(cache.length, Tn);
+  for (int64_t l = 0; l < L; ++l) {
+    x = blocks[l]->as<TransformerBlock>()->forward_cached(x, cache.keys[l], cache.values[l]);
+  }
+  cache.length += Tn;
+  return torch::nn::functional::linear(ln_f(x), lm_head_weight());  // (B, Tn, V)
 }
 
 }  // namespace tinylm::nn

@@ -1,5 +1,6 @@
 // Checkpoint files: header, payload, atomic writes and checked loads.
 #include <tinylm/train/checkpoint.h>
+#include <tinylm/train/optimizer.h>
 #include <tinylm/version.h>
 
 #include <torch/torch.h>
@@ -107,7 +108,7 @@ uint32_t crc32(const void* data, size_t size) {
 }
 
 void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
-                     torch::optim::Optimizer* optimizer, const TrainingState& state) {
+                     const Optimizer* optimizer, const TrainingState& state) {
   torch::serialize::OutputArchive archive;
   archive.write("tinylm_version", c10::IValue(std::string(TINYLM_VERSION_STRING)));
   archive.write("config", c10::IValue(to_toml(config)));
@@ -124,6 +125,7 @@ void save_checkpoint(const std::string& path, const RunConfig& config, nn::Langu
     torch::serialize::OutputArchive opt_archive;
     optimizer->save(opt_archive);
     archive.write("optimizer", opt_archive);
+    archive.write("optimizer_kind", c10::IValue(optimizer->kind()));
   }
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
@@ -214,10 +216,14 @@ void load_model_state(const Checkpoint& ck, nn::LanguageModelImpl& model) {
   }
 }
 
-void load_optimizer_state(const Checkpoint& ck, torch::optim::Optimizer& optimizer) {
+void load_optimizer_state(const Checkpoint& ck, Optimizer& optimizer) {
   torch::serialize::InputArchive opt_archive;
   TORCH_CHECK(ck.archive->try_read("optimizer", opt_archive), "checkpoint '", ck.path,
               "' holds no optimizer state, so training cannot resume from it");
+  const std::string kind = read_string(*ck.archive, "optimizer_kind", ck.path);
+  TORCH_CHECK(kind == optimizer.kind(), "checkpoint '", ck.path, "' holds '", kind,
+              "' optimizer state, but this run uses '", optimizer.kind(),
+              "': resume with the same --optimizer and --fused-optimizer as the checkpoint");
   try {
     optimizer.load(opt_archive);
   } catch (const c10::Error& e) {

@@ -1,6 +1,7 @@
 // Trainer, evaluation, and the model/device factory.
 // B = batch, T = sequence length, V = vocab size
 #include <tinylm/log.h>
+#include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
 
 #include "internal/mode_guard.h"
@@ -92,28 +93,14 @@ int64_t step_of(const std::string& line) {
   return at == std::string::npos ? -1 : std::atoll(line.c_str() + at + 7);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RunConfig& c,
-                                                        nn::LanguageModelImpl& model) {
-  if (c.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        model.parameters(), torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}));
-  }
-  // AdamW: decay matrices only; biases, norms and embeddings are not decayed.
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : model.named_parameters()) {
-    const bool embedding = p.key().rfind("token_embedding.", 0) == 0 ||
-                           p.key().rfind("positions.", 0) == 0;
-    (p.value().dim() >= 2 && !embedding ? decay : no_decay).push_back(p.value());
-  }
-  auto options = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, options(c.weight_decay));
-  groups.emplace_back(no_decay, options(0.0));
-  return std::make_unique<torch::optim::AdamW>(
-      std::move(groups), torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}));
+std::unique_ptr<Optimizer> make_optimizer(const RunConfig& c, nn::LanguageModelImpl& model) {
+  AdamConfig a;
+  a.lr = c.lr;
+  a.beta1 = c.beta1;
+  a.beta2 = c.beta2;
+  a.weight_decay = c.weight_decay;
+  a.decoupled = c.optimizer == "adamw";
+  return c.fused_optimizer ? make_flat_adam(model, a) : make_torch_adam(model, a);
 }
 
 }  // namespace
@@ -145,7 +132,8 @@ nn::LanguageModel build_model(const RunConfig& c) {
   validate(c);
   if (c.model == "tiny") {
     return std::make_shared<nn::TinyAttentionLMImpl>(
-        nn::TinyAttentionLMOptions(c.vocab_size, c.d_model, c.n_heads, c.effective_context()));
+        nn::TinyAttentionLMOptions(c.vocab_size, c.d_model, c.n_heads, c.effective_context())
+            .fused_attention(c.fused_attention));
   }
   return std::make_shared<nn::TransformerLMImpl>(
       nn::TransformerLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads, c.n_layers)
@@ -155,7 +143,8 @@ nn::LanguageModel build_model(const RunConfig& c) {
           .bias(c.bias)
           .pre_ln(c.pre_ln)
           .tie_weights(c.tie_weights)
-          .positions(nn::position_encoding_from_string(c.positions)));
+          .positions(nn::position_encoding_from_string(c.positions))
+          .fused_attention(c.fused_attention));
 }
 
 double learning_rate_at(const RunConfig& c, int64_t step) {
@@ -286,6 +275,32 @@ EvalMetrics Trainer::validate() {
                   static_cast<uint64_t>(config_.seed) + 1000003, device_);
 }
 
+double Trainer::train_step(double* grad_norm) {
+  const double lr = learning_rate_at(config_, state_.step);
+  optimizer_->zero_grad();
+  double loss_value = 0;
+  for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    auto batch = task_->sample(config_.batch_size, data::Split::train, data_gen_, device_);
+    torch::Tensor logits;
+    {
+      AutocastGuard autocast(config_.bf16);
+      logits = model_->forward(batch.inputs).logits;  // (B, T, V)
+    }
+    auto loss = lm_loss(logits, batch.targets) / static_cast<double>(config_.grad_accum);
+    loss.backward();
+    loss_value += loss.item<double>();
+  }
+  // Checked before the update, so the weights (and any checkpoint) stay good.
+  TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
+              state_.step + 1, " (lr ", lr, "): training stopped. Try a lower --lr, "
+              "--grad-clip 1.0, or --warmup-steps");
+  const double norm = config_.grad_clip > 0 ? optimizer_->clip_grad_norm(config_.grad_clip) : 0.0;
+  if (grad_norm) *grad_norm = norm;
+  optimizer_->step(lr);
+  ++state_.step;
+  return loss_value;
+}
+
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   const auto log = logger();
   const int64_t total = config_.total_steps();
@@ -312,7 +327,6 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   }
   const fs::path best_path = fs::path(config_.out_dir) / "best.ckpt";
 
-  const auto params = model_->parameters();
   const int64_t tokens_per_step = config_.batch_size * config_.seq_len * config_.grad_accum;
   const auto t_start = Clock::now();
   auto t_log = t_start;
@@ -328,32 +342,15 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       break;
     }
     const double lr = learning_rate_at(config_, state_.step);
-    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-    optimizer_->zero_grad();
-    double loss_value = 0;
-    for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-      auto batch = task_->sample(config_.batch_size, data::Split::train, data_gen_, device_);
-      torch::Tensor logits;
-      {
-        AutocastGuard autocast(config_.bf16);
-        logits = model_->forward(batch.inputs).logits;  // (B, T, V)
-      }
-      auto loss = lm_loss(logits, batch.targets) / static_cast<double>(config_.grad_accum);
-      loss.backward();
-      loss_value += loss.item<double>();
+    double loss_value = 0, grad_norm = 0;
+    try {
+      loss_value = train_step(&grad_norm);
+    } catch (const c10::Error& e) {
+      const std::string& kept = r.last_checkpoint.empty() ? r.best_checkpoint : r.last_checkpoint;
+      TORCH_CHECK(false, e.what_without_backtrace(), "; ",
+                  kept.empty() ? std::string("no checkpoint was written in this run")
+                               : "the last good checkpoint is " + kept);
     }
-    TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
-                state_.step + 1, " (lr ", lr, "): training stopped; ",
-                r.last_checkpoint.empty() && r.best_checkpoint.empty()
-                    ? std::string("no checkpoint was written in this run")
-                    : "the last good checkpoint is " + (r.last_checkpoint.empty() ? r.best_checkpoint : r.last_checkpoint),
-                ". Try a lower --lr, --grad-clip 1.0, or --warmup-steps");
-    double grad_norm = 0;
-    if (config_.grad_clip > 0) {
-      grad_norm = torch::nn::utils::clip_grad_norm_(params, config_.grad_clip);
-    }
-    optimizer_->step();
-    ++state_.step;
     r.losses.push_back(loss_value);
     state_.epoch_loss_sum += loss_value;
     interval_loss += loss_value;

@@ -26,6 +26,10 @@ struct MultiHeadSelfAttentionOptions {
   TORCH_ARG(bool, causal) = true;
   /// Biases on the QKV and output projections.
   TORCH_ARG(bool, bias) = true;
+  /// Use the fused CPU kernel (nn/fused_attention.h) where it applies: float32 on the
+  /// CPU, no padding mask, no attention dropout in training. false = always the
+  /// step-by-step path. Both compute the same function.
+  TORCH_ARG(bool, fused) = true;
 };
 
 /// What attention returns: the output (B, T, D) and, when asked, weights (B, H, T, T).
@@ -51,6 +55,11 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   /// (e.g. a left-padded position under the causal mask) gets all-zero weights.
   AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
                           const torch::Tensor& padding_mask = {});
+
+  /// Incremental decoding: x holds the new tokens (B, Tn, D); keys/values (B, H, Tc, Dh)
+  /// hold the earlier ones (undefined when empty) and are extended in place. The new
+  /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
 
   int64_t d_head() const { return options.d_model() / options.n_heads(); }
   int64_t n_heads() const { return options.n_heads(); }

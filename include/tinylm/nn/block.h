@@ -51,6 +51,8 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, pre_ln) = true;
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, ln_eps) = 1e-5;
+  /// See MultiHeadSelfAttentionOptions::fused.
+  TORCH_ARG(bool, fused_attention) = true;
 };
 
 class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
@@ -61,6 +63,9 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
   /// x: (B, T, D) -> (B, T, D); weights (B, H, T, T) when asked.
   AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
                           const torch::Tensor& padding_mask = {});
+
+  /// Incremental decoding through the block (see MultiHeadSelfAttention::forward_cached).
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
 
   TransformerBlockOptions options;
   torch::nn::LayerNorm ln1{nullptr};

@@ -51,6 +51,8 @@ class LearnedPositionalEmbeddingImpl
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
   torch::Tensor forward(int64_t seq_len);
+  /// Rows [start, start + length): the positions of tokens appended to a cache.
+  torch::Tensor rows(int64_t start, int64_t length);
 
   LearnedPositionalEmbeddingOptions options;
   torch::Tensor weight;  // (C, D)
@@ -77,6 +79,8 @@ class SinusoidalPositionalEmbeddingImpl
   void pretty_print(std::ostream& os) const override;
   /// The first seq_len rows of the table: (T, D).
   torch::Tensor forward(int64_t seq_len);
+  /// Rows [start, start + length): the positions of tokens appended to a cache.
+  torch::Tensor rows(int64_t start, int64_t length);
 
   SinusoidalPositionalEmbeddingOptions options;
   torch::Tensor pe;  // (C, D)

@@ -25,6 +25,13 @@ struct LMOutput {
   std::vector<torch::Tensor> attention;  // one (B, H, T, T) per attention layer, if asked
 };
 
+/// Keys and values of the tokens decoded so far, one pair per attention layer, each
+/// (B, H, length, Dh). Start empty; forward_cached() fills it.
+struct KVCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length = 0;
+};
+
 /// The interface every tinylm language model implements, so that training,
 /// evaluation and generation work with any of them.
 class LanguageModelImpl : public torch::nn::Module {
@@ -35,6 +42,9 @@ class LanguageModelImpl : public torch::nn::Module {
                            const torch::Tensor& padding_mask = {}) = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t context_length() const = 0;
+  /// Incremental decoding: logits (B, Tn, V) for new tokens ids (B, Tn) that follow the
+  /// cache's; the cache is extended. cache.length + Tn must not exceed the context.
+  virtual torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) = 0;
 };
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
 
@@ -54,6 +64,8 @@ struct TinyAttentionLMOptions {
   TORCH_ARG(int64_t, n_heads);
   TORCH_ARG(int64_t, max_context_length);
   TORCH_ARG(double, pos_base) = 10000.0;
+  /// See MultiHeadSelfAttentionOptions::fused.
+  TORCH_ARG(bool, fused_attention) = true;
 };
 
 /// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
@@ -66,6 +78,7 @@ class TinyAttentionLMImpl : public LanguageModelImpl {
                    const torch::Tensor& padding_mask = {}) override;
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.max_context_length(); }
+  torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
 
   TinyAttentionLMOptions options;
   TokenEmbedding token_embedding{nullptr};
@@ -105,6 +118,8 @@ struct TransformerLMOptions {
   TORCH_ARG(bool, tie_weights) = true;
   TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;
   TORCH_ARG(double, pos_base) = 10000.0;
+  /// See MultiHeadSelfAttentionOptions::fused.
+  TORCH_ARG(bool, fused_attention) = true;
 };
 
 /// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
@@ -124,6 +139,7 @@ class TransformerLMImpl : public LanguageModelImpl {
   torch::Tensor lm_head_weight() const;
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
+  torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
 
   TransformerLMOptions options;
   TokenEmbedding token_embedding{nullptr};

@@ -23,11 +23,9 @@
 #include <memory>
 #include <string>
 
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace tinylm::train {
+
+class Optimizer;
 
 constexpr uint32_t kCheckpointFormatVersion = 1;
 
@@ -51,7 +49,7 @@ struct Checkpoint {
 
 /// Writes atomically (temporary file, fsync, rename, fsync of the directory).
 void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
-                     torch::optim::Optimizer* optimizer, const TrainingState& state);
+                     const Optimizer* optimizer, const TrainingState& state);
 
 /// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt or newer-format
 /// file is refused with an error naming the file and the problem.
@@ -63,7 +61,7 @@ Checkpoint read_checkpoint(const std::string& path);
 void load_model_state(const Checkpoint& checkpoint, nn::LanguageModelImpl& model);
 
 /// Restores the optimizer state saved with the checkpoint.
-void load_optimizer_state(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer);
+void load_optimizer_state(const Checkpoint& checkpoint, Optimizer& optimizer);
 
 /// A checkpoint file, or the newest "step-*.ckpt" in a run directory.
 std::string resolve_checkpoint_path(const std::string& file_or_dir);

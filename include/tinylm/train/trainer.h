@@ -6,9 +6,9 @@
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
+#include <tinylm/train/optimizer.h>
 
 #include <ATen/core/Generator.h>
-#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <atomic>
@@ -88,6 +88,11 @@ class Trainer {
   /// infinite loss throws before the optimizer step, leaving the last checkpoint intact.
   FitResult fit(const std::atomic<bool>* stop = nullptr);
 
+  /// One optimizer step (grad-accum micro-batches): returns the loss; the global gradient
+  /// norm before clipping goes to *grad_norm when clipping is on. Throws on a NaN or
+  /// infinite loss before touching the weights.
+  double train_step(double* grad_norm = nullptr);
+
   /// Validation figures on the config's eval batches (fixed seed: comparable over time).
   EvalMetrics validate();
 
@@ -112,7 +117,7 @@ class Trainer {
   torch::Device device_;
   nn::LanguageModel model_;
   std::unique_ptr<data::Task> task_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   at::Generator data_gen_;
   TrainingState state_;
 };

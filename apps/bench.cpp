@@ -1,0 +1,234 @@
+// tinylm bench: figures for the README's performance table, as JSON lines.
+// Every figure is a median over repetitions after warm-up, with min and max.
+#include "bench.h"
+
+#include <tinylm/tinylm.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+using namespace tinylm;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+  int reps = 0;
+};
+
+/// Seconds per call of fn: `warmup` calls, then `reps` timings of `inner` calls each.
+Stats time_per_call(const std::function<void()>& fn, int warmup, int reps, int inner) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    for (int i = 0; i < inner; ++i) fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count() / inner);
+  }
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back(), reps};
+}
+
+/// A rate from a per-call time: value = scale / seconds (so min/max swap).
+void emit(const std::string& name, const std::string& metric, const std::string& unit, double scale,
+          const Stats& s, const std::string& config) {
+  std::printf("{\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"min\":%.6g,"
+              "\"max\":%.6g,\"reps\":%d,\"threads\":%d,\"config\":%s}\n",
+              name.c_str(), metric.c_str(), scale / s.median, unit.c_str(), scale / s.max,
+              scale / s.min, s.reps, at::get_num_threads(), config.c_str());
+  std::fflush(stdout);
+}
+
+void emit_value(const std::string& name, const std::string& metric, const std::string& unit,
+                double value, const std::string& config) {
+  std::printf("{\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"threads\":%d,"
+              "\"config\":%s}\n",
+              name.c_str(), metric.c_str(), value, unit.c_str(), at::get_num_threads(), config.c_str());
+  std::fflush(stdout);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+
+double current_rss_mib() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1048576.0);
+}
+
+std::string scratch_dir() {
+  auto dir = std::filesystem::temp_directory_path() / ("tinylm-bench-" + std::to_string(::getpid()));
+  return dir.string();
+}
+
+RunConfig p1_config() {  // the reference run
+  RunConfig c;
+  c.out_dir = scratch_dir();
+  return c;
+}
+
+RunConfig p2_config() {  // the medium model
+  RunConfig c;
+  c.model = "transformer";
+  c.task = "copy";
+  c.vocab_size = 256;
+  c.d_model = 256;
+  c.n_heads = 8;
+  c.n_layers = 4;
+  c.seq_len = 128;
+  c.batch_size = 16;
+  c.optimizer = "adamw";
+  c.weight_decay = 0.1;
+  c.lr = 1e-3;
+  c.out_dir = scratch_dir();
+  return c;
+}
+
+std::string describe(const RunConfig& c) {
+  std::ostringstream os;
+  os << "{\"model\":\"" << c.model << "\",\"vocab\":" << c.vocab_size << ",\"d_model\":" << c.d_model
+     << ",\"heads\":" << c.n_heads << ",\"layers\":" << (c.model == "tiny" ? 1 : c.n_layers)
+     << ",\"seq\":" << c.seq_len << ",\"batch\":" << c.batch_size << ",\"optimizer\":\"" << c.optimizer
+     << "\",\"fused_attention\":" << (c.fused_attention ? "true" : "false")
+     << ",\"fused_optimizer\":" << (c.fused_optimizer ? "true" : "false") << "}";
+  return os.str();
+}
+
+/// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
+/// every layer and the LM head, and attention's two T x T products (full, not causal).
+double train_flops_per_step(const RunConfig& c) {
+  const double D = c.d_model, V = c.vocab_size, T = c.seq_len, L = c.n_layers, e = c.mlp_expansion;
+  const double per_token = 2.0 * (L * (4.0 + 2.0 * e) * D * D + V * D) + 4.0 * L * T * D;
+  return 3.0 * per_token * T * c.batch_size * c.grad_accum;
+}
+
+double matmul_peak(bool quick) {
+  const int64_t n = quick ? 256 : 1024;
+  auto a = torch::randn({n, n}), b = torch::randn({n, n}), out = torch::empty({n, n});
+  auto s = time_per_call([&] { torch::mm_out(out, a, b); }, quick ? 1 : 3, quick ? 3 : 9, quick ? 1 : 3);
+  const double flops = 2.0 * n * n * n;
+  emit("peak", "matmul_gflops", "GFLOP/s", flops / 1e9, s,
+       "{\"op\":\"mm\",\"n\":" + std::to_string(n) + ",\"dtype\":\"float32\"}");
+  return flops / 1e9 / s.median;
+}
+
+void bench_p1(bool quick) {
+  for (bool fused : {true, false}) {
+    RunConfig c = p1_config();
+    c.fused_attention = c.fused_optimizer = fused;
+    train::Trainer t(c);
+    auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
+    emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
+    std::filesystem::remove_all(c.out_dir);
+  }
+}
+
+void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
+  RunConfig c = p2_config();
+  if (quick) {
+    c.n_layers = 1;
+    c.seq_len = 32;
+    c.batch_size = 4;
+  }
+  train::Trainer t(c);
+  auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
+  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  emit("p2", "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
+  const double flops = train_flops_per_step(c);
+  emit_value("p2", "model_gflops", "GFLOP/s", flops / s.median / 1e9, describe(c));
+  emit_value("p2", "mfu", "fraction of matmul peak", flops / s.median / 1e9 / peak_gflops, describe(c));
+  emit_value("p2", "peak_rss", "MiB", peak_rss_mib(), describe(c));
+  if (memory_steps > 0) {
+    const double before = current_rss_mib();
+    for (int64_t i = 0; i < memory_steps; ++i) t.train_step();
+    const double after = current_rss_mib();
+    emit_value("p2", "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
+               after - before, describe(c));
+  }
+  std::filesystem::remove_all(c.out_dir);
+}
+
+void bench_p3(bool quick) {
+  const int64_t C = 256, prompt_len = 16, new_tokens = quick ? 16 : C - prompt_len;
+  torch::manual_seed(0);
+  nn::TransformerLM model(nn::TransformerLMOptions(256, C, 256, 8, quick ? 1 : 4));
+  model->eval();
+  auto prompt = torch::randint(256, {1, prompt_len}, torch::kLong);
+  const std::string config = "{\"model\":\"transformer\",\"context\":256,\"d_model\":256,\"heads\":8,"
+                             "\"layers\":" + std::to_string(quick ? 1 : 4) + ",\"prompt\":16,\"new_tokens\":" +
+                             std::to_string(new_tokens) + "}";
+  torch::Tensor outputs[2];
+  Stats stats[2];
+  for (int cached = 1; cached >= 0; --cached) {
+    GenerateOptions o;
+    o.max_new_tokens = new_tokens;
+    o.seed = 1;
+    o.use_kv_cache = cached;
+    stats[cached] = time_per_call([&] { outputs[cached] = generate(*model, prompt, o); }, 1, quick ? 1 : 3, 1);
+    emit(cached ? "p3_kv_cache" : "p3_recompute", "generate_tokens_per_s", "tokens/s",
+         static_cast<double>(new_tokens), stats[cached], config);
+  }
+  emit_value("p3", "kv_cache_speedup", "x", stats[0].median / stats[1].median, config);
+  emit_value("p3", "identical_tokens", "bool", torch::equal(outputs[0], outputs[1]) ? 1 : 0, config);
+}
+
+void bench_attention(bool quick) {
+  struct Size { int64_t B, T, D, H; };
+  std::vector<Size> sizes = {{16, 12, 32, 4}, {16, 64, 128, 4}, {16, 128, 256, 8}};
+  if (quick) sizes = {{2, 12, 32, 4}};
+  for (const auto& z : sizes) {
+    for (bool fused : {false, true}) {
+      torch::manual_seed(0);
+      nn::MultiHeadSelfAttention attn(nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).fused(fused));
+      auto x = torch::randn({z.B, z.T, z.D}, torch::requires_grad());
+      const int inner = z.T <= 16 ? 200 : (z.T <= 64 ? 20 : 5);
+      auto s = time_per_call([&] {
+        attn->zero_grad();
+        attn(x).output.sum().backward();
+      }, quick ? 1 : 5, quick ? 2 : 7, quick ? 2 : inner);
+      std::ostringstream cfg;
+      cfg << "{\"B\":" << z.B << ",\"T\":" << z.T << ",\"D\":" << z.D << ",\"H\":" << z.H
+          << ",\"path\":\"" << (fused ? "fused" : "manual") << "\"}";
+      emit(fused ? "attention_fused" : "attention_manual", "fwd_bwd_per_s", "calls/s", 1.0, s, cfg.str());
+    }
+  }
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& a) {
+  TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
+  if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
+  auto wants = [&](const std::string& name) {
+    std::string list = "," + a.cases + ",";
+    return list.find("," + name + ",") != std::string::npos;
+  };
+  {
+    std::stringstream ss(a.cases);
+    for (std::string item; std::getline(ss, item, ',');) {
+      TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention",
+                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention (comma-separated)");
+    }
+  }
+  // P2's utilisation needs the peak: measure it whenever P2 runs.
+  const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
+  if (wants("p1")) bench_p1(a.quick);
+  if (wants("p2")) bench_p2(a.quick, peak, a.memory_steps);
+  if (wants("p3")) bench_p3(a.quick);
+  if (wants("attention")) bench_attention(a.quick);
+  return 0;
+}

@@ -1,0 +1,52 @@
+// Optimizers for the Trainer: LibTorch's Adam/AdamW, or the same update fused over one
+// flat buffer holding every parameter (and one holding every gradient).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tinylm::train {
+
+struct AdamConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  /// true: AdamW (decoupled decay, only on `decayed` parameters); false: Adam (no decay).
+  bool decoupled = false;
+};
+
+/// AdamW decays matrices only: not biases, norms, or embeddings (token or position).
+bool is_decayed(const std::string& name, const torch::Tensor& parameter);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void zero_grad() = 0;
+  /// Scales gradients so their global L2 norm is at most max_norm; returns the norm
+  /// before scaling.
+  virtual double clip_grad_norm(double max_norm) = 0;
+  virtual void step(double lr) = 0;
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  virtual void load(torch::serialize::InputArchive& archive) = 0;
+  /// "adam", "adamw", "flat-adam" or "flat-adamw": what a checkpoint's state belongs to.
+  virtual std::string kind() const = 0;
+};
+
+/// torch::optim::Adam / AdamW with parameter groups: one op per tensor per update.
+std::unique_ptr<Optimizer> make_torch_adam(torch::nn::Module& model, const AdamConfig& config);
+
+/// The same update, fused: the model's parameters are re-pointed at views of one flat
+/// buffer and their gradients at views of another, so zeroing, clipping and the update
+/// are each one pass over memory (a single loop on the CPU). Call after the model is on
+/// its device; the model must not be moved afterwards.
+std::unique_ptr<Optimizer> make_flat_adam(torch::nn::Module& model, const AdamConfig& config);
+
+}  // namespace tinylm::train

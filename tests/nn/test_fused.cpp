@@ -1,0 +1,168 @@
+// The fast paths compute what the plain paths compute, within stated tolerances.
+#include "../test_util.h"
+
+#include <tinylm/nn/attention.h>
+#include <tinylm/generate.h>
+#include <tinylm/nn/fused_attention.h>
+#include <tinylm/nn/model.h>
+#include <tinylm/train/optimizer.h>
+
+using namespace tinylm;
+using namespace tinylm::nn;
+using tinylm::test::max_abs_diff;
+
+TEST_CASE("fused attention equals the step-by-step path, forward and backward",
+          "[nn][attention][fused]") {
+  const auto [B, T, D, H] = GENERATE(std::make_tuple(16, 12, 32, 4), std::make_tuple(2, 1, 8, 2),
+                                     std::make_tuple(3, 33, 48, 6), std::make_tuple(1, 64, 64, 1));
+  const bool causal = GENERATE(true, false);
+  INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal);
+  torch::manual_seed(B * 100 + T);
+  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
+  MultiHeadSelfAttention fused(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(true));
+  {
+    torch::NoGradGuard g;
+    auto src = plain->named_parameters();
+    for (auto& p : fused->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  auto x1 = torch::randn({B, T, D}, torch::requires_grad());
+  auto x2 = x1.detach().clone().requires_grad_(true);
+  auto a = plain(x1, true), b = fused(x2, true);
+  CHECK(max_abs_diff(a.output, b.output) < 1e-5);
+  CHECK(max_abs_diff(a.weights, b.weights) < 1e-6);
+  auto w = torch::randn({B, T, D});  // a random upstream gradient
+  (a.output * w).sum().backward();
+  (b.output * w).sum().backward();
+  CHECK(max_abs_diff(x1.grad(), x2.grad()) < 1e-5);
+  CHECK(max_abs_diff(plain->qkv_proj->weight.grad(), fused->qkv_proj->weight.grad()) < 1e-4);
+  CHECK(max_abs_diff(plain->qkv_proj->bias.grad(), fused->qkv_proj->bias.grad()) < 1e-4);
+  CHECK(max_abs_diff(plain->out_proj->weight.grad(), fused->out_proj->weight.grad()) < 1e-4);
+}
+
+TEST_CASE("fused attention gradients match finite differences",
+          "[nn][attention][fused]") {
+  // The kernel is float32-only; check its gradient against finite differences of itself.
+  torch::manual_seed(7);
+  auto qkv = torch::randn({2, 5, 12});
+  auto w = torch::randn({2, 5, 4});
+  auto f = [&](const torch::Tensor& in) { return (fused_self_attention(in, 2, true) * w).sum(); };
+  auto x = qkv.clone().requires_grad_(true);
+  f(x).backward();
+  auto analytic = x.grad();
+  const float h = 1e-2f;
+  double worst = 0;
+  for (int64_t i = 0; i < qkv.numel(); i += 3) {
+    auto plus = qkv.clone(), minus = qkv.clone();
+    plus.view({-1})[i] += h;
+    minus.view({-1})[i] -= h;
+    const double numeric = (f(plus).item<double>() - f(minus).item<double>()) / (2 * h);
+    worst = std::max(worst, std::abs(numeric - analytic.view({-1})[i].item<double>()));
+  }
+  INFO("largest |numeric - analytic| " << worst);
+  CHECK(worst < 2e-3);
+}
+
+TEST_CASE("fused attention is used only where it applies", "[nn][attention][fused]") {
+  CHECK(fused_attention_supported(torch::zeros({1, 2, 6})));
+  CHECK_FALSE(fused_attention_supported(torch::zeros({1, 2, 6}, torch::kFloat64)));
+  // With a padding mask or attention dropout the plain path runs and still gives weights.
+  MultiHeadSelfAttention attn(MultiHeadSelfAttentionOptions(8, 2, 8).attn_dropout(0.5));
+  auto x = torch::randn({1, 4, 8});
+  attn->train();
+  CHECK(attn(x, true).weights.defined());
+  attn->eval();
+  CHECK(attn(x, true, torch::ones({1, 4}, torch::kBool)).weights.sizes() == torch::IntArrayRef({1, 2, 4, 4}));
+}
+
+namespace {
+
+/// Trains two identical models for `steps` steps, one with LibTorch's Adam/AdamW and one
+/// with the flat fused version; returns the largest parameter difference at the end.
+double optimizer_divergence(bool adamw, int steps) {
+  torch::manual_seed(3);
+  TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  {
+    torch::NoGradGuard g;
+    auto src = a->named_parameters();
+    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  train::AdamConfig c;
+  c.lr = 1e-2;
+  c.decoupled = adamw;
+  c.weight_decay = adamw ? 0.1 : 0.0;
+  auto opt_a = train::make_torch_adam(*a, c);
+  auto opt_b = train::make_flat_adam(*b, c);
+  for (int s = 0; s < steps; ++s) {
+    auto ids = torch::randint(40, {4, 8}, torch::kLong);
+    for (auto [model, opt] : {std::make_pair(a.ptr().get(), opt_a.get()),
+                              std::make_pair(b.ptr().get(), opt_b.get())}) {
+      opt->zero_grad();
+      auto logits = model->forward(ids).logits;
+      torch::nn::functional::cross_entropy(logits.reshape({-1, 40}), ids.reshape({-1})).backward();
+      opt->clip_grad_norm(0.5);
+      opt->step(c.lr);
+    }
+  }
+  double worst = 0;
+  auto pa = a->named_parameters();
+  for (const auto& p : b->named_parameters()) worst = std::max(worst, max_abs_diff(p.value(), pa[p.key()]));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("flat fused Adam and AdamW follow LibTorch's within float rounding", "[train][optim][fused]") {
+  const bool adamw = GENERATE(false, true);
+  const double d = optimizer_divergence(adamw, 20);
+  INFO((adamw ? "AdamW" : "Adam") << ": largest parameter difference after 20 steps " << d);
+  CHECK(d < 1e-4);
+}
+
+TEST_CASE("flat Adam keeps parameters and gradients in one buffer each", "[train][optim][fused]") {
+  TransformerLM m(TransformerLMOptions(20, 8, 8, 2, 1));
+  train::AdamConfig c;
+  auto opt = train::make_flat_adam(*m, c);
+  auto params = m->parameters();
+  // Each parameter's storage is the first one's: views into one flat buffer.
+  for (const auto& p : params) CHECK(p.storage().is_alias_of(params.front().storage()));
+  auto ids = torch::randint(20, {2, 8}, torch::kLong);
+  torch::nn::functional::cross_entropy(m->forward(ids).logits.reshape({-1, 20}), ids.reshape({-1})).backward();
+  for (const auto& p : params) {
+    REQUIRE(p.grad().defined());
+    CHECK(p.grad().storage().is_alias_of(params.front().grad().storage()));
+  }
+  opt->zero_grad();
+  for (const auto& p : params) CHECK(p.grad().abs().max().item<double>() == 0.0);
+}
+
+TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputation",
+          "[generate][kvcache]") {
+  torch::manual_seed(11);
+  TransformerLM model(TransformerLMOptions(50, 16, 32, 4, 2));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto ids = torch::randint(50, {2, 10}, torch::kLong);
+  KVCache cache;
+  auto first = model->forward_cached(ids.narrow(1, 0, 6), cache);   // 6 tokens at once
+  auto rest = model->forward_cached(ids.narrow(1, 6, 4), cache);    // then 4 more
+  auto full = model->forward(ids).logits;
+  CHECK(cache.length == 10);
+  CHECK(max_abs_diff(torch::cat({first, rest}, 1), full) < 1e-4);
+
+  TinyAttentionLM tiny(TinyAttentionLMOptions(50, 16, 4, 12));
+  KVCache tc;
+  auto t1 = tiny->forward_cached(ids.narrow(1, 0, 9), tc);
+  auto t2 = tiny->forward_cached(ids.narrow(1, 9, 1), tc);
+  CHECK(max_abs_diff(torch::cat({t1, t2}, 1), tiny->forward(ids).logits) < 1e-4);
+
+  // Generation: same tokens with and without the cache, also past the context (16).
+  GenerateOptions o;
+  o.max_new_tokens = 30;
+  o.seed = 5;
+  o.use_kv_cache = true;
+  auto with_cache = generate(*model, ids.narrow(1, 0, 3), o);
+  o.use_kv_cache = false;
+  auto without = generate(*model, ids.narrow(1, 0, 3), o);
+  CHECK(torch::equal(with_cache, without));
+}
