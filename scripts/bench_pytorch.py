@@ -4,8 +4,9 @@
 Runs the same training loops as tinylm's P1 (the reference run: TinyAttentionLM,
 vocab 64, d 32, 4 heads, seq 12, batch 16, Adam) and P2 (4 pre-LN blocks, d 256,
 8 heads, seq 128, batch 16, vocab 256, AdamW) with Debian's python3-torch (the same
-LibTorch 1.13 underneath), at 1 and 2 threads, keeps PyTorch's best, then runs
-`tinylm bench --cases p1,p2` in the same invocation and prints tinylm / PyTorch.
+LibTorch 1.13 underneath) at 1 and 2 threads to find PyTorch's best setting, then
+runs rounds of PyTorch-then-`tinylm bench --cases p1,p2` in the same invocation and
+prints each round's tinylm / PyTorch and the median over rounds.
 
   scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick]
 Output: JSON lines, one per figure, then one per ratio.
@@ -147,38 +148,65 @@ def main():
     parser.add_argument("--tinylm", default=os.path.join(here, "..", "build", "release", "tinylm"))
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the script, not speed")
     parser.add_argument("--tinylm-threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="PyTorch-then-tinylm rounds")
     args = parser.parse_args()
     if not os.access(args.tinylm, os.X_OK):
         print(f"error: {args.tinylm} is not an executable: build first (scripts/quickstart.sh test)", file=sys.stderr)
         sys.exit(1)
 
-    best = {}
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        med, lo, hi = time_steps(p1_step_fn(), 2 if args.quick else 50, 2 if args.quick else 9, 5 if args.quick else 100)
-        emit("pytorch_p1", "train_steps_per_s", 1 / med, "steps/s", min=1 / hi, max=1 / lo, threads=threads)
-        best["p1"] = max(best.get("p1", 0), 1 / med)
-        step, tokens = p2_step_fn(args.quick)
-        med, lo, hi = time_steps(step, 1 if args.quick else 3, 2 if args.quick else 5, 1 if args.quick else 3)
-        emit("pytorch_p2", "train_tokens_per_s", tokens / med, "tokens/s", min=tokens / hi, max=tokens / lo, threads=threads)
-        best["p2"] = max(best.get("p2", 0), tokens / med)
-
-    cmd = [args.tinylm, "bench", "--cases", "p1,p2", "--threads", str(args.tinylm_threads)] + (["--quick"] if args.quick else [])
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
-        sys.exit(1)
-    ours = {}
-    for line in out.stdout.splitlines():
-        print(line, flush=True)
-        rec = json.loads(line)
-        if rec["case"] == "p1" and rec["metric"] == "train_steps_per_s":
-            ours["p1"] = rec["value"]
-        if rec["case"] == "p2" and rec["metric"] == "train_tokens_per_s":
-            ours["p2"] = rec["value"]
+    # PyTorch's best thread count, found once.
+    threads_best = {}
     for case in ("p1", "p2"):
-        emit(f"{case}_ratio", "tinylm_over_pytorch", ours[case] / best[case], "x",
-             tinylm=ours[case], pytorch_best=best[case])
+        rates = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            rates[threads] = measure_pytorch(case, args.quick)[0]
+            emit(f"pytorch_{case}", "rate_at_threads", rates[threads], UNITS[case], threads=threads)
+        threads_best[case] = max(rates, key=rates.get)
+
+    # Then rounds of PyTorch-then-tinylm: each round's ratio is measured side by side, so
+    # a machine whose speed drifts moves both figures of a round together.
+    ratios = {"p1": [], "p2": []}
+    cmd = [args.tinylm, "bench", "--cases", "p1,p2", "--threads", str(args.tinylm_threads)] + (["--quick"] if args.quick else [])
+    for r in range(args.rounds):
+        theirs = {}
+        for case in ("p1", "p2"):
+            torch.set_num_threads(threads_best[case])
+            theirs[case], lo, hi = measure_pytorch(case, args.quick)
+            emit(f"pytorch_{case}", "rate", theirs[case], UNITS[case], min=lo, max=hi, threads=threads_best[case], round=r)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
+            sys.exit(1)
+        ours = {}
+        for line in out.stdout.splitlines():
+            rec = json.loads(line)
+            rec["round"] = r
+            print(json.dumps(rec), flush=True)
+            if rec["case"] == "p1" and rec["metric"] == "train_steps_per_s":
+                ours["p1"] = rec["value"]
+            if rec["case"] == "p2" and rec["metric"] == "train_tokens_per_s":
+                ours["p2"] = rec["value"]
+        for case in ("p1", "p2"):
+            ratios[case].append(ours[case] / theirs[case])
+            emit(f"{case}_ratio", "tinylm_over_pytorch", ours[case] / theirs[case], "x", round=r,
+                 tinylm=ours[case], pytorch=theirs[case])
+    for case in ("p1", "p2"):
+        emit(f"{case}_ratio", "median_tinylm_over_pytorch", statistics.median(ratios[case]), "x",
+             rounds=len(ratios[case]), all=[round(x, 3) for x in ratios[case]])
+
+
+UNITS = {"p1": "steps/s", "p2": "tokens/s"}
+
+
+def measure_pytorch(case, quick):
+    """(median rate, min rate, max rate) of PyTorch's training loop for P1 or P2."""
+    if case == "p1":
+        med, lo, hi = time_steps(p1_step_fn(), 2 if quick else 50, 2 if quick else 9, 5 if quick else 100)
+        return 1 / med, 1 / hi, 1 / lo
+    step, tokens = p2_step_fn(quick)
+    med, lo, hi = time_steps(step, 1 if quick else 3, 2 if quick else 5, 1 if quick else 3)
+    return tokens / med, tokens / hi, tokens / lo
 
 
 if __name__ == "__main__":

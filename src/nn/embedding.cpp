@@ -8,6 +8,20 @@
 
 namespace tinylm::nn {
 
+namespace {
+
+/// Rows [start, start + length) of a positional table (C, D), checked against C.
+torch::Tensor table_rows(const char* who, const torch::Tensor& table, int64_t start, int64_t length) {
+  const int64_t C = table.size(0);
+  TORCH_CHECK(length >= 1, who, ": seq_len must be >= 1, got ", length);
+  TORCH_CHECK(start != 0 || length <= C, who, ": seq_len ", length, " exceeds max_context_length ", C);
+  TORCH_CHECK(start >= 0 && start + length <= C, who, ": positions [", start, ", ", start + length,
+              ") exceed max_context_length ", C);
+  return table.narrow(0, start, length);  // (length, D)
+}
+
+}  // namespace
+
 // ---- TokenEmbedding ------------------------------------------------------------
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(const TokenEmbeddingOptions& options_)
@@ -71,17 +85,11 @@ void LearnedPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor LearnedPositionalEmbeddingImpl::forward(int64_t seq_len) {
-  TORCH_CHECK(seq_len >= 1, "LearnedPositionalEmbedding: seq_len must be >= 1, got ", seq_len);
-  TORCH_CHECK(seq_len <= options.max_context_length(), "LearnedPositionalEmbedding: seq_len ",
-              seq_len, " exceeds max_context_length ", options.max_context_length());
-  return weight.narrow(0, 0, seq_len);  // (T, D)
+  return table_rows("LearnedPositionalEmbedding", weight, 0, seq_len);  // (T, D)
 }
 
 torch::Tensor LearnedPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
-  TORCH_CHECK(start >= 0 && length >= 1 && start + length <= options.max_context_length(),
-              "LearnedPositionalEmbedding: positions [", start, ", ", start + length,
-              ") exceed max_context_length ", options.max_context_length());
-  return weight.narrow(0, start, length);  // (length, D)
+  return table_rows("LearnedPositionalEmbedding", weight, start, length);
 }
 
 // ---- SinusoidalPositionalEmbedding ---------------------------------------------
@@ -117,17 +125,11 @@ void SinusoidalPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) {
-  TORCH_CHECK(seq_len >= 1, "SinusoidalPositionalEmbedding: seq_len must be >= 1, got ", seq_len);
-  TORCH_CHECK(seq_len <= options.max_context_length(), "SinusoidalPositionalEmbedding: seq_len ",
-              seq_len, " exceeds max_context_length ", options.max_context_length());
-  return pe.narrow(0, 0, seq_len);  // (T, D)
+  return table_rows("SinusoidalPositionalEmbedding", pe, 0, seq_len);  // (T, D)
 }
 
 torch::Tensor SinusoidalPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
-  TORCH_CHECK(start >= 0 && length >= 1 && start + length <= options.max_context_length(),
-              "SinusoidalPositionalEmbedding: positions [", start, ", ", start + length,
-              ") exceed max_context_length ", options.max_context_length());
-  return pe.narrow(0, start, length);  // (length, D)
+  return table_rows("SinusoidalPositionalEmbedding", pe, start, length);
 }
 
 }  // namespace tinylm::nn

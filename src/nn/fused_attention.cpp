@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -22,12 +23,42 @@ namespace {
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
+#pragma omp simd reduction(+ : s)
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
 }
 
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
   for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+// Sequences at least this long use BLAS batched matmuls for the two T x T products;
+// shorter ones are faster as plain loops (no copies, no per-call BLAS overhead).
+constexpr int64_t kBlasMinSeqLen = 32;
+
+/// In place over rows of s (BH, T, T): p = softmax(scale * s) with keys j > i masked.
+void masked_softmax_rows(float* s, int64_t rows_total, int64_t T, float scale, bool causal) {
+  at::parallel_for(0, rows_total, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = r % T, n = causal ? i + 1 : T;
+      float* row = s + r * T;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j] *= scale);
+      float sum = 0.f;
+      for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+      const float inv = 1.f / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      std::fill(row + n, row + T, 0.f);
+    }
+  });
+}
+
+/// (B, T, 3D) -> q, k, v each (B*H, T, Dh), contiguous.
+std::array<torch::Tensor, 3> split_qkv(const torch::Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Dh) {
+  auto x = qkv.view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, Dh)
+  return {x[0].reshape({B * H, T, Dh}), x[1].reshape({B * H, T, Dh}), x[2].reshape({B * H, T, Dh})};
 }
 
 struct Dims {
@@ -119,9 +150,21 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                                                 bool causal) {
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
-    auto out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
-    auto p = torch::empty({s.B, s.H, s.T, s.T}, qkv.options());    // (B, H, T, T)
-    forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>());
+    torch::Tensor out, p;
+    if (s.T >= kBlasMinSeqLen) {
+      auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);              // (BH, T, Dh)
+      auto scores = torch::bmm(q, k.transpose(1, 2));                     // (BH, T, T)
+      masked_softmax_rows(scores.data_ptr<float>(), s.B * s.H * s.T, s.T, s.scale, s.causal);
+      out = torch::bmm(scores, v)                                         // (BH, T, Dh)
+                .view({s.B, s.H, s.T, s.Dh})
+                .permute({0, 2, 1, 3})
+                .reshape({s.B, s.T, s.D});                                // (B, T, D)
+      p = scores.view({s.B, s.H, s.T, s.T});
+    } else {
+      out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
+      p = torch::empty({s.B, s.H, s.T, s.T}, qkv.options());    // (B, H, T, T)
+      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>());
+    }
     ctx->save_for_backward({qkv, p});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
@@ -136,6 +179,20 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     const auto& p = saved[1];
     const Dims s = dims_of(qkv, ctx->saved_data["n_heads"].toInt(), ctx->saved_data["causal"].toBool());
     auto dout = grads[0].defined() ? grads[0].contiguous() : torch::zeros({s.B, s.T, s.D}, qkv.options());
+    if (s.T >= kBlasMinSeqLen) {
+      auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);                          // (BH, T, Dh)
+      auto pm = p.view({s.B * s.H, s.T, s.T});                                       // (BH, T, T)
+      auto dO = dout.view({s.B, s.T, s.H, s.Dh}).permute({0, 2, 1, 3}).reshape({s.B * s.H, s.T, s.Dh});
+      auto dV = torch::bmm(pm.transpose(1, 2), dO);                                  // (BH, T, Dh)
+      auto dS = torch::bmm(dO, v.transpose(1, 2));                                   // dP (BH, T, T)
+      dS.sub_((dS * pm).sum(-1, /*keepdim=*/true)).mul_(pm).mul_(s.scale);           // scale * dS
+      auto dQ = torch::bmm(dS, k), dK = torch::bmm(dS.transpose(1, 2), q);           // (BH, T, Dh)
+      auto dqkv = torch::stack({dQ, dK, dV})                                         // (3, BH, T, Dh)
+                      .view({3, s.B, s.H, s.T, s.Dh})
+                      .permute({1, 3, 0, 2, 4})                                      // (B, T, 3, H, Dh)
+                      .reshape({s.B, s.T, 3 * s.D});
+      return {dqkv, torch::Tensor(), torch::Tensor()};
+    }
     auto dqkv = torch::zeros_like(qkv);  // (B, T, 3D)
     backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
                     dqkv.data_ptr<float>());

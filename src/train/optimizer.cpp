@@ -116,6 +116,7 @@ class FlatAdam final : public Optimizer {
       const float b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
       const float fs = step_size, fi = inv_sqrt_bc2, fd = decay;
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
+#pragma omp simd
         for (int64_t i = begin; i < end; ++i) {
           p[i] *= 1.f - fd * d[i];  // AdamW: decoupled decay, decayed tensors only
           m[i] = b1 * m[i] + (1.f - b1) * g[i];

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The Python helpers, where their Debian packages are installed (exit 77 = skipped):
+#   plot     scripts/plot.py (python3-matplotlib): loss curve and attention heatmap PNGs
+#   pytorch  scripts/bench_pytorch.py --quick (python3-torch): the comparison script runs
+# usage: test_optional_python.sh plot|pytorch path/to/tinylm source-dir scratch-dir
+set -u
+what=$1 tinylm=$2 src=$3 work=$4
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+if [ "$what" = plot ]; then
+  /usr/bin/python3 -c "import matplotlib" 2>/dev/null || { echo "SKIPPED: python3-matplotlib is not installed"; exit 77; }
+  "$tinylm" train --steps-per-epoch 20 --log-every 5 --out-dir run > train.log 2>&1 || { cat train.log; exit 1; }
+  "$src/scripts/plot.py" loss run/metrics.jsonl -o loss.png || exit 1
+  "$src/scripts/plot.py" attention run --prompt "4 4 4 4" --tinylm "$tinylm" -o attention.png || exit 1
+  for f in loss.png attention.png; do
+    head -c 8 "$f" | od -An -tx1 | grep -q "89 50 4e 47" || { echo "FAIL: $f is not a PNG"; exit 1; }
+  done
+  "$src/scripts/plot.py" loss nowhere.jsonl -o x.png 2> err.txt && { echo "FAIL: a missing file was accepted"; exit 1; }
+  grep -q "cannot read nowhere.jsonl" err.txt || { echo "FAIL: unclear error: $(cat err.txt)"; exit 1; }
+  echo "ok: loss.png and attention.png written; a missing metrics file is refused"
+else
+  /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIPPED: python3-torch is not installed"; exit 77; }
+  out=$("$src/scripts/bench_pytorch.py" --quick --rounds 1 --tinylm "$tinylm") || { echo "$out"; exit 1; }
+  echo "$out"
+  grep -q '"median_tinylm_over_pytorch"' <<<"$out" || { echo "FAIL: no ratio printed"; exit 1; }
+fi
