@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <malloc.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -280,6 +282,12 @@ int run_sample(const SampleArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Training allocates and frees the same large activation buffers every step. glibc
+  // would hand them back to the kernel (mmap/trim) and page-fault them in again on the
+  // next step; keeping freed memory in the process avoids that. Peak memory is unchanged.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+
   CLI::App app{"tinylm: train, evaluate and sample tiny transformer language models"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level works after the subcommand too

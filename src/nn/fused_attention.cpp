@@ -169,6 +169,9 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
     ctx->mark_non_differentiable({p});
+    // The weights output has no gradient: do not let autograd build a zero (B, H, T, T)
+    // tensor for it on every backward pass.
+    ctx->set_materialize_grads(false);
     return {out, p};
   }
 
