@@ -213,7 +213,7 @@ void bench_attention(bool quick) {
 
 int run_bench(const BenchArgs& a) {
   TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
-  if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
+  set_cpu_threads(static_cast<int>(a.threads));
   auto wants = [&](const std::string& name) {
     std::string list = "," + a.cases + ",";
     return list.find("," + name + ",") != std::string::npos;

@@ -176,7 +176,7 @@ struct LoadedRun {
 
 LoadedRun load_run(const std::string& path, const std::string& device, int64_t threads,
                    const std::string& data_override) {
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  set_cpu_threads(static_cast<int>(threads));
   LoadedRun run;
   run.checkpoint = train::read_checkpoint(train::resolve_checkpoint_path(path));
   auto cfg = run.checkpoint.config;

@@ -12,6 +12,7 @@ prints each round's tinylm / PyTorch and the median over rounds.
 Output: JSON lines, one per figure, then one per ratio.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -89,6 +90,15 @@ class TransformerLM(nn.Module):  # P2: the medium model, tied head, learned posi
         return F.linear(self.ln_f(x), self.emb.weight)
 
 
+def set_threads(n):
+    """LibTorch's intra-op threads and OpenBLAS's own pool, as tinylm's --threads does."""
+    torch.set_num_threads(n)
+    try:
+        ctypes.CDLL("libblas.so.3").openblas_set_num_threads(n)
+    except (OSError, AttributeError):
+        pass
+
+
 def time_steps(step, warmup, reps, inner):
     for _ in range(warmup):
         step()
@@ -159,7 +169,7 @@ def main():
     for case in ("p1", "p2"):
         rates = {}
         for threads in (1, 2):
-            torch.set_num_threads(threads)
+            set_threads(threads)
             rates[threads] = measure_pytorch(case, args.quick)[0]
             emit(f"pytorch_{case}", "rate_at_threads", rates[threads], UNITS[case], threads=threads)
         threads_best[case] = max(rates, key=rates.get)
@@ -171,7 +181,7 @@ def main():
     for r in range(args.rounds):
         theirs = {}
         for case in ("p1", "p2"):
-            torch.set_num_threads(threads_best[case])
+            set_threads(threads_best[case])
             theirs[case], lo, hi = measure_pytorch(case, args.quick)
             emit(f"pytorch_{case}", "rate", theirs[case], UNITS[case], min=lo, max=hi, threads=threads_best[case], round=r)
         out = subprocess.run(cmd, capture_output=True, text=True)

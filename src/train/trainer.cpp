@@ -1,6 +1,8 @@
 // Trainer, evaluation, and the model/device factory.
 // B = batch, T = sequence length, V = vocab size
 #include <tinylm/log.h>
+#include <tinylm/threads.h>
+#include <tinylm/nn/fused_tiny_lm.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
 
@@ -201,7 +203,7 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
 
 Trainer::Trainer(RunConfig config) : config_(std::move(config)), device_(torch::kCPU) {
   tinylm::validate(config_);
-  if (config_.threads > 0) at::set_num_threads(static_cast<int>(config_.threads));
+  set_cpu_threads(static_cast<int>(config_.threads));
   device_ = resolve_device(config_.device);
   TORCH_CHECK(!config_.bf16 || device_.is_cuda(),
               "bf16 autocast needs a CUDA device; drop --bf16 or use --device cuda");
@@ -213,6 +215,9 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)), device_(torch::
   model_->to(device_);
   data_gen_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.seed) + 1);
   optimizer_ = make_optimizer(config_, *model_);
+  // The reference model's whole loss as one op, where it applies (see fused_tiny_lm.h).
+  auto* tiny = dynamic_cast<nn::TinyAttentionLMImpl*>(model_.get());
+  if (config_.fused_attention && tiny && nn::fused_tiny_lm_supported(*tiny)) fused_tiny_ = tiny;
 }
 
 void Trainer::resume(const Checkpoint& ck) {
@@ -281,12 +286,18 @@ double Trainer::train_step(double* grad_norm) {
   double loss_value = 0;
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
     auto batch = task_->sample(config_.batch_size, data::Split::train, data_gen_, device_);
-    torch::Tensor logits;
-    {
-      AutocastGuard autocast(config_.bf16);
-      logits = model_->forward(batch.inputs).logits;  // (B, T, V)
+    torch::Tensor loss;
+    if (fused_tiny_) {
+      loss = nn::fused_tiny_lm_loss(*fused_tiny_, batch.inputs, batch.targets);
+    } else {
+      torch::Tensor logits;
+      {
+        AutocastGuard autocast(config_.bf16);
+        logits = model_->forward(batch.inputs).logits;  // (B, T, V)
+      }
+      loss = lm_loss(logits, batch.targets);
     }
-    auto loss = lm_loss(logits, batch.targets) / static_cast<double>(config_.grad_accum);
+    if (config_.grad_accum > 1) loss = loss / static_cast<double>(config_.grad_accum);
     loss.backward();
     loss_value += loss.item<double>();
   }

@@ -4,6 +4,7 @@
 #include <tinylm/nn/attention.h>
 #include <tinylm/generate.h>
 #include <tinylm/nn/fused_attention.h>
+#include <tinylm/nn/fused_tiny_lm.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 
@@ -165,4 +166,32 @@ TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputat
   o.use_kv_cache = false;
   auto without = generate(*model, ids.narrow(1, 0, 3), o);
   CHECK(torch::equal(with_cache, without));
+}
+
+TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradients",
+          "[nn][model][fused]") {
+  const auto [V, D, H, T, B] = GENERATE(std::make_tuple(64, 32, 4, 12, 16), std::make_tuple(7, 6, 3, 5, 2),
+                                        std::make_tuple(50, 16, 1, 1, 3));
+  INFO("V " << V << " D " << D << " H " << H << " T " << T << " B " << B);
+  torch::manual_seed(V + T);
+  TinyAttentionLM a(TinyAttentionLMOptions(V, D, H, 12).fused_attention(false));
+  TinyAttentionLM b(TinyAttentionLMOptions(V, D, H, 12));
+  {
+    torch::NoGradGuard g;
+    auto src = a->named_parameters();
+    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  auto ids = torch::randint(V, {B, T}, torch::kLong), targets = torch::randint(V, {B, T}, torch::kLong);
+  auto plain = torch::nn::functional::cross_entropy(a->forward(ids).logits.reshape({-1, V}), targets.reshape({-1}));
+  auto fused = fused_tiny_lm_loss(*b, ids, targets);
+  CHECK(fused.dim() == 0);
+  CHECK(std::abs(plain.item<double>() - fused.item<double>()) < 1e-5);
+  (plain * 3.0).backward();  // a non-unit upstream gradient
+  (fused * 3.0).backward();
+  auto pa = a->named_parameters();
+  for (const auto& p : b->named_parameters()) {
+    INFO(p.key());
+    REQUIRE(p.value().grad().defined());
+    CHECK(max_abs_diff(p.value().grad(), pa[p.key()].grad()) < 2e-5);
+  }
 }

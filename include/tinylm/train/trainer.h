@@ -120,6 +120,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   at::Generator data_gen_;
   TrainingState state_;
+  nn::TinyAttentionLMImpl* fused_tiny_ = nullptr;  // set when the fused loss applies
 };
 
 }  // namespace tinylm::train

@@ -1,0 +1,23 @@
+// The whole TinyAttentionLM training loss as one autograd op (CPU, float32).
+// B = batch, T = sequence length, D = d_model, V = vocab size, N = B * T
+#pragma once
+
+#include <tinylm/nn/model.h>
+
+#include <torch/types.h>
+
+namespace tinylm::nn {
+
+/// Mean next-token cross-entropy of `model` on ids (B, T) -> targets (B, T), equal to
+/// cross_entropy(model->forward(ids).logits, targets) but computed as one operation
+/// (embedding + positions, QKV projection, causal attention, output projection, LM head,
+/// softmax cross-entropy) with a hand-written backward that yields the gradients of all
+/// seven parameters at once. For tiny models, whose step time is per-operator overhead,
+/// this replaces ~60 dispatched operations with ~14 matrix products and a few loops.
+torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& model, const torch::Tensor& ids,
+                                 const torch::Tensor& targets);
+
+/// Whether fused_tiny_lm_loss applies: float32 CPU parameters, causal attention.
+bool fused_tiny_lm_supported(const TinyAttentionLMImpl& model);
+
+}  // namespace tinylm::nn

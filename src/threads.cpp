@@ -1,0 +1,26 @@
+// CPU threading for LibTorch and OpenBLAS.
+#include <tinylm/threads.h>
+
+#include <ATen/Parallel.h>
+
+#include <dlfcn.h>
+
+namespace tinylm {
+
+bool set_cpu_threads(int n) {
+  if (n <= 0) return false;
+  at::set_num_threads(n);
+  // OpenBLAS is already loaded (LibTorch links libblas.so.3); look its setter up.
+  using SetThreads = void (*)(int);
+  auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!set) {
+    if (void* lib = dlopen("libblas.so.3", RTLD_NOW | RTLD_NOLOAD)) {
+      set = reinterpret_cast<SetThreads>(dlsym(lib, "openblas_set_num_threads"));
+    }
+  }
+  if (!set) return false;
+  set(n);
+  return true;
+}
+
+}  // namespace tinylm
