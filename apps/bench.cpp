@@ -75,14 +75,19 @@ std::string scratch_dir() {
   return dir.string();
 }
 
+/// The thread count every case runs with (the Trainer applies its config's).
+int64_t g_threads = 1;
+
 RunConfig p1_config() {  // the reference run
   RunConfig c;
+  c.threads = g_threads;
   c.out_dir = scratch_dir();
   return c;
 }
 
 RunConfig p2_config() {  // the medium model
   RunConfig c;
+  c.threads = g_threads;
   c.model = "transformer";
   c.task = "copy";
   c.vocab_size = 256;
@@ -214,6 +219,7 @@ void bench_attention(bool quick) {
 int run_bench(const BenchArgs& a) {
   TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
   set_cpu_threads(static_cast<int>(a.threads));
+  g_threads = a.threads;
   auto wants = [&](const std::string& name) {
     std::string list = "," + a.cases + ",";
     return list.find("," + name + ",") != std::string::npos;
