@@ -3,7 +3,8 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
+#include <iomanip>
+#include <sstream>
 
 namespace tinylm {
 
@@ -27,25 +28,20 @@ std::string ascii_heatmap(const torch::Tensor& weights) {
   auto w = weights.to(torch::kCPU, torch::kFloat64);
   const int64_t T = w.size(0);
   const double top = std::max(w.max().item<double>(), 1e-12);
-  std::string out = "     ";
-  char buf[32];
-  for (int64_t j = 0; j < T; ++j) {
-    std::snprintf(buf, sizeof buf, "%2lld", static_cast<long long>(j % 10));
-    out += buf;
-  }
-  out += "   (keys)\n";
+  std::ostringstream out;
+  out << "     ";
+  for (int64_t j = 0; j < T; ++j) out << std::setw(2) << j % 10;  // key index, last digit
+  out << "   (keys)\n";
   for (int64_t i = 0; i < T; ++i) {
-    std::snprintf(buf, sizeof buf, "%4lld ", static_cast<long long>(i));
-    out += buf;
+    out << std::setw(4) << i << ' ';
     for (int64_t j = 0; j < T; ++j) {
       const double v = w[i][j].item<double>() / top;
       const int level = static_cast<int>(std::lround(std::clamp(v, 0.0, 1.0) * kLevels));
-      out += ' ';
-      out += kGlyphs[level];
+      out << ' ' << kGlyphs[level];
     }
-    out += '\n';
+    out << '\n';
   }
-  return out;
+  return out.str();
 }
 
 }  // namespace tinylm

@@ -251,9 +251,7 @@ void Trainer::save(const std::string& path) {
 }
 
 std::string Trainer::checkpoint_path(int64_t step) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld.ckpt", static_cast<long long>(step));
-  return (fs::path(config_.out_dir) / name).string();
+  return (fs::path(config_.out_dir) / fmt::format("step-{:08d}.ckpt", step)).string();
 }
 
 void Trainer::write_step_checkpoint(FitResult& result) {
