@@ -10,6 +10,29 @@
 
 namespace tinylm::nn {
 
+namespace {
+
+/// Rows [start, start + rows) and columns [0, cols) of the causal mask, as bool.
+torch::Tensor causal_rows(const torch::Tensor& mask, int64_t start, int64_t rows, int64_t cols) {
+  auto allowed = mask.narrow(0, start, rows).narrow(1, 0, cols);
+  // Module::to(dtype) converts every buffer, the bool mask included: undo that here.
+  return allowed.scalar_type() == torch::kBool ? allowed : allowed.to(torch::kBool);
+}
+
+/// softmax(q kᵀ / sqrt(Dh)) over keys, with keys masked out where `allowed` (broadcastable
+/// to the scores) is false; undefined = no mask. q (B, H, Tq, Dh), k (B, H, Tk, Dh).
+torch::Tensor attention_weights(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& allowed) {
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) *
+                (1.0 / std::sqrt(static_cast<double>(q.size(-1))));  // (B, H, Tq, Tk)
+  if (allowed.defined()) {
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  return torch::softmax(scores, /*dim=*/-1);
+}
+
+}  // namespace
+
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads) {
   TORCH_CHECK(x.dim() == 3, "split_heads: expected (B, T, D), got rank ", x.dim());
   TORCH_CHECK(n_heads >= 1 && x.size(2) % n_heads == 0, "split_heads: D=", x.size(2),
@@ -92,15 +115,8 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   auto k = split_heads(qkv[1], H);              // (B, H, T, Dh)
   auto v = split_heads(qkv[2], H);              // (B, H, T, Dh)
 
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) *
-                (1.0 / std::sqrt(static_cast<double>(d_head())));  // (B, H, T, T)
-
   torch::Tensor allowed;  // true where query i may attend to key j; broadcastable to scores
-  if (options.causal()) {
-    allowed = causal_mask.narrow(0, 0, T).narrow(1, 0, T);  // (T, T)
-    // Module::to(dtype) converts every buffer, the bool mask included: undo that here.
-    if (allowed.scalar_type() != torch::kBool) allowed = allowed.to(torch::kBool);
-  }
+  if (options.causal()) allowed = causal_rows(causal_mask, 0, T, T);  // (T, T)
   if (padding_mask.defined()) {
     TORCH_CHECK(padding_mask.dim() == 2 && padding_mask.size(0) == B && padding_mask.size(1) == T,
                 "MultiHeadSelfAttention: padding_mask must be (B, T) = (", B, ", ", T,
@@ -111,10 +127,7 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
     auto keys = padding_mask.to(x.device()).view({B, 1, 1, T});  // (B, 1, 1, T)
     allowed = allowed.defined() ? torch::logical_and(allowed, keys) : keys;
   }
-  if (allowed.defined()) {
-    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  }
-  auto weights = torch::softmax(scores, /*dim=*/-1);  // (B, H, T, T)
+  auto weights = attention_weights(q, k, allowed);  // (B, H, T, T)
   if (padding_mask.defined()) {
     // A query that sees no key at all has a row of NaN: it attends to nothing instead.
     auto sees_nothing = allowed.any(/*dim=*/-1, /*keepdim=*/true).logical_not();
@@ -140,14 +153,11 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   auto k = split_heads(qkv[1], H), v = split_heads(qkv[2], H);
   keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;           // (B, H, Tc + Tn, Dh)
   values = Tc ? torch::cat({values, v}, /*dim=*/2) : v;
-  auto scores = torch::matmul(q, keys.transpose(-2, -1)) *
-                (1.0 / std::sqrt(static_cast<double>(d_head())));  // (B, H, Tn, Tc + Tn)
-  if (options.causal() && Tn > 1) {
-    auto allowed = causal_mask.narrow(0, Tc, Tn).narrow(1, 0, Tc + Tn);  // rows Tc.. of the mask
-    if (allowed.scalar_type() != torch::kBool) allowed = allowed.to(torch::kBool);
-    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  }
-  auto context = merge_heads(torch::matmul(torch::softmax(scores, -1), values));  // (B, Tn, D)
+  // One new token sees every cached key: its mask row would be all true.
+  auto allowed = options.causal() && Tn > 1 ? causal_rows(causal_mask, Tc, Tn, Tc + Tn)
+                                            : torch::Tensor();  // (Tn, Tc + Tn)
+  auto weights = attention_weights(q, keys, allowed);             // (B, H, Tn, Tc + Tn)
+  auto context = merge_heads(torch::matmul(weights, values));     // (B, Tn, D)
   return out_proj(context);
 }
 
