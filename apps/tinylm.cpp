@@ -86,18 +86,25 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
             cfg.steps_per_epoch, cfg.optimizer, cfg.lr);
 }
 
-/// The reference demo's checks on one batch: shape contract and causal check.
-void print_contracts(train::Trainer& trainer) {
-  auto log = logger();
+/// A seeded validation batch of `rows` rows and the model's output on it, with attention
+/// weights, in eval mode without gradients (the model's mode is restored).
+std::pair<data::Batch, nn::LMOutput> look_at_batch(train::Trainer& trainer, int64_t rows,
+                                                   uint64_t seed) {
   auto& model = *trainer.model();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  auto batch = trainer.task().sample(trainer.config().batch_size, data::Split::validation, gen,
-                                     torch::kCPU);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto batch = trainer.task().sample(rows, data::Split::validation, gen, torch::kCPU);
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
   auto out = model.forward(batch.inputs.to(trainer.device()), /*return_weights=*/true);
   model.train(was_training);
+  return {batch, out};
+}
+
+/// The reference demo's checks on one batch: shape contract and causal check.
+void print_contracts(train::Trainer& trainer) {
+  auto log = logger();
+  auto [batch, out] = look_at_batch(trainer, trainer.config().batch_size, 0);
   log->info("shape contract: ids {} -> logits {}, attention {} x {}", shape(batch.inputs),
             shape(out.logits), out.attention.size(), shape(out.attention.front()));
   CausalCheck worst;
@@ -112,12 +119,7 @@ void print_contracts(train::Trainer& trainer) {
 }
 
 void print_heatmap(train::Trainer& trainer) {
-  auto& model = *trainer.model();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  auto batch = trainer.task().sample(1, data::Split::validation, gen, torch::kCPU);
-  torch::NoGradGuard no_grad;
-  model.eval();
-  auto out = model.forward(batch.inputs.to(trainer.device()), true);
+  auto [batch, out] = look_at_batch(trainer, 1, 1);
   logger()->info("attention of head 0 (layer {}) on one sample: {}\n{}", out.attention.size() - 1,
                  trainer.task().decode(batch.inputs), ascii_heatmap(out.attention.back()[0][0]));
 }
