@@ -7,13 +7,16 @@
 #include <tinylm/tinylm.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <malloc.h>
 
 #include <atomic>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -43,6 +46,7 @@ struct TrainArgs {
   std::string config_path;
   std::string resume;
   bool print_config = false;
+  bool overwrite = false;
 };
 
 void add_config_options(CLI::App& cmd, TrainArgs& args) {
@@ -65,14 +69,60 @@ void add_config_options(CLI::App& cmd, TrainArgs& args) {
   }
 }
 
-/// defaults <- config file <- flags given on the command line.
-RunConfig effective_config(const TrainArgs& args, RunConfig base) {
-  if (!args.config_path.empty()) apply_toml_file(base, args.config_path);
+/// defaults <- config file <- flags given on the command line. `out_dir_chosen`: whether
+/// the config file or a flag named the out-dir.
+RunConfig effective_config(const TrainArgs& args, RunConfig base, bool* out_dir_chosen = nullptr) {
+  std::vector<std::string> from_file;
+  if (!args.config_path.empty()) from_file = apply_toml_file(base, args.config_path);
   for (const auto& f : config_fields()) {
     if (args.given.at(f.name)->count() > 0) copy_field(f, args.flags, base);
   }
+  if (out_dir_chosen) {
+    *out_dir_chosen = args.given.at("out-dir")->count() > 0 ||
+                      std::find(from_file.begin(), from_file.end(), "out-dir") != from_file.end();
+  }
   validate(base);
   return base;
+}
+
+/// The first of runs/default, runs/default-2, ... that holds no run: `tinylm train`
+/// with no out-dir never lands on an earlier run.
+std::string fresh_default_out_dir(const std::string& base) {
+  for (int i = 1; i < 10000; ++i) {
+    const std::string dir = i == 1 ? base : base + "-" + std::to_string(i);
+    if (train::RunDirectory::run_files(dir).empty()) return dir;
+  }
+  TORCH_CHECK(false, "runs/default-2 to -9999 all hold runs: choose an out-dir with --out-dir");
+}
+
+/// Claims the run's out-dir: an earlier run there is refused unless it is the one being
+/// resumed or --overwrite was given.
+std::shared_ptr<train::RunDirectory> claim_out_dir(const TrainArgs& args, const RunConfig& cfg,
+                                                   const train::Checkpoint* resumed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool same_dir = resumed && fs::exists(cfg.out_dir, ec) &&
+                        fs::equivalent(fs::path(resumed->path).parent_path().empty()
+                                           ? fs::path(".")
+                                           : fs::path(resumed->path).parent_path(),
+                                       cfg.out_dir, ec);
+  if (args.overwrite) {
+    TORCH_CHECK(!same_dir, "--overwrite would delete the run being resumed from (", resumed->path,
+                "): resume into another --out-dir, or drop --overwrite");
+    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::overwrite);
+  }
+  if (same_dir) {
+    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::resume,
+                                                 resumed->state.step);
+  }
+  try {
+    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::fresh);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("already holds a run") == std::string::npos) throw;
+    TORCH_CHECK(false, "--out-dir ", cfg.out_dir, " already holds a run: continue it with --resume ",
+                cfg.out_dir, ", choose another --out-dir, or pass --overwrite to replace it");
+  }
 }
 
 void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch::Device device) {
@@ -127,20 +177,30 @@ void print_heatmap(train::Trainer& trainer) {
 int run_train(const TrainArgs& args) {
   RunConfig cfg;
   std::optional<train::Checkpoint> ck;
+  bool out_dir_chosen = false;
   if (!args.resume.empty()) {
     TORCH_CHECK(args.config_path.empty(), "--config and --resume together: a checkpoint carries "
                 "its own config; override single keys with flags instead");
     ck = train::read_checkpoint(train::resolve_checkpoint_path(args.resume));
-    cfg = effective_config(args, ck->config);
+    cfg = effective_config(args, ck->config, &out_dir_chosen);
+    // A resumed run writes next to the checkpoint it resumes (a copied run directory
+    // stays the copy), never into the directory stored in the checkpoint.
+    if (!out_dir_chosen) {
+      const auto dir = std::filesystem::path(ck->path).parent_path();
+      cfg.out_dir = dir.empty() ? "." : dir.string();
+    }
   } else {
-    cfg = effective_config(args, RunConfig{});
+    cfg = effective_config(args, RunConfig{}, &out_dir_chosen);
+    if (!out_dir_chosen && !args.overwrite) cfg.out_dir = fresh_default_out_dir(cfg.out_dir);
   }
   if (args.print_config) {
     std::cout << to_toml(cfg);
     return 0;
   }
+  // Every check before any output: settings, memory, data, checkpoint fit, out-dir.
   train::Trainer trainer(cfg);
-  if (ck) trainer.resume(*ck);  // checks fit before anything is printed
+  if (ck) trainer.resume(*ck);
+  trainer.set_run_directory(claim_out_dir(args, cfg, ck ? &*ck : nullptr));
   print_model_facts(cfg, *trainer.model(), trainer.device());
   if (ck) logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
   print_contracts(trainer);
@@ -178,21 +238,28 @@ struct LoadedRun {
 
 LoadedRun load_run(const std::string& path, const std::string& device, int64_t threads,
                    const std::string& data_override) {
+  TORCH_CHECK(threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", threads);
   set_cpu_threads(static_cast<int>(threads));
   LoadedRun run;
   run.checkpoint = train::read_checkpoint(train::resolve_checkpoint_path(path));
   auto cfg = run.checkpoint.config;
   if (!data_override.empty()) cfg.data = data_override;
   run.device = train::resolve_device(device);
+  train::check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = train::build_model(cfg);
   train::load_model_state(run.checkpoint, *run.model);
   run.model->to(run.device);
   run.model->eval();
-  if (cfg.task == "text" && !std::ifstream(cfg.data)) {
-    TORCH_CHECK(false, "the checkpoint's text data file '", cfg.data,
-                "' is not readable here: pass --data PATH");
+  if (cfg.task == "text") {
+    try {
+      run.task = data::make_task(cfg);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, e.what_without_backtrace(),
+                  data_override.empty() ? " (the checkpoint's text data file; pass --data PATH if it moved)" : "");
+    }
+  } else {
+    run.task = data::make_task(cfg);
   }
-  run.task = data::make_task(cfg);
   return run;
 }
 
@@ -209,13 +276,15 @@ int run_eval(const EvalArgs& a) {
   auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
   const auto& cfg = run.checkpoint.config;
   const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
+  train::check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
   auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
   if (a.json) {
-    std::printf("{\"checkpoint\":\"%s\",\"step\":%lld,\"task\":\"%s\",\"model\":\"%s\",\"loss\":%.9g,"
-                "\"perplexity\":%.9g,\"accuracy\":%.9g,\"exact_match\":%.9g,\"tokens\":%lld,\"rows\":%lld}\n",
-                run.checkpoint.path.c_str(), static_cast<long long>(run.checkpoint.state.step),
-                cfg.task.c_str(), cfg.model.c_str(), m.loss, m.perplexity, m.accuracy,
-                m.exact_match, static_cast<long long>(m.tokens), static_cast<long long>(m.rows));
+    const nlohmann::ordered_json line = {
+        {"checkpoint", run.checkpoint.path}, {"step", run.checkpoint.state.step},
+        {"task", cfg.task}, {"model", cfg.model}, {"loss", m.loss}, {"perplexity", m.perplexity},
+        {"accuracy", m.accuracy}, {"exact_match", m.exact_match}, {"tokens", m.tokens},
+        {"rows", m.rows}};
+    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("checkpoint %s: step %lld, task %s, model %s, %lld parameters\n",
@@ -235,6 +304,14 @@ struct SampleArgs {
 };
 
 int run_sample(const SampleArgs& a) {
+  TORCH_CHECK(a.top_k >= 0, "--top-k must be >= 0 (0 = off), got ", a.top_k);
+  TORCH_CHECK(a.max_new_tokens >= 0, "--max-new-tokens must be >= 0, got ", a.max_new_tokens);
+  // The running sequence is int64 and copied once per new token.
+  const double sequence_bytes = 16.0 * (static_cast<double>(a.max_new_tokens) + a.prompt.size());
+  const auto available = train::available_memory_bytes();
+  TORCH_CHECK(available == 0 || sequence_bytes < static_cast<double>(available), "--max-new-tokens ",
+              a.max_new_tokens, " needs more memory than the ", available >> 20,
+              " MiB available: ask for fewer tokens");
   auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;
@@ -305,6 +382,8 @@ int main(int argc, char** argv) {
                         "continue from a checkpoint file or a run directory (its newest step)");
   train_cmd->add_flag("--print-config", train_args.print_config,
                       "print the effective config as TOML and exit");
+  train_cmd->add_flag("--overwrite", train_args.overwrite,
+                      "replace the run already in --out-dir (its checkpoints and metrics are deleted)");
 
   EvalArgs eval_args;
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a checkpoint (no model flags needed)");

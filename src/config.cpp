@@ -1,6 +1,8 @@
 // The run configuration: field table, validation and TOML reading/writing.
 #include <tinylm/config.h>
 
+#include "internal/system.h"
+
 #include <c10/util/Exception.h>
 #include <toml++/toml.h>
 
@@ -76,7 +78,7 @@ void check_one_of(const char* key, const std::string& value, std::initializer_li
     if (value == a) return;
     list += list.empty() ? a : std::string(", ") + a;
   }
-  TORCH_CHECK(false, key, " must be one of ", list, ", got '", value, "'");
+  TORCH_CHECK(false, key, " must be one of ", list, ", got '", internal::printable(value), "'");
 }
 
 }  // namespace
@@ -183,7 +185,7 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
                 node.source().begin.line, ": [", key,
                 "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");
     const ConfigField* field = find_config_field(key);
-    TORCH_CHECK(field, origin, ": unknown key '", key, "'", suggestion(key));
+    TORCH_CHECK(field, origin, ": unknown key '", internal::printable(key), "'", suggestion(key));
     const auto line = node.source().begin.line;
     std::visit(
         [&](auto member) {
@@ -214,11 +216,9 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
 }
 
 std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read config file '", path, "': no such file or not readable");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return apply_toml(config, buffer.str(), path);
+  // A config is a few kilobytes; a megabyte is plenty and keeps a mistaken path cheap.
+  return apply_toml(config, internal::read_regular_file(path, "config file", 1u << 20),
+                    internal::printable(path));
 }
 
 void validate(const RunConfig& c) {
@@ -255,17 +255,28 @@ void validate(const RunConfig& c) {
                 c.val_fraction);
   }
   TORCH_CHECK(std::isfinite(c.lr) && c.lr > 0, "lr must be > 0, got ", c.lr);
-  TORCH_CHECK(c.weight_decay >= 0, "weight-decay must be >= 0, got ", c.weight_decay);
+  TORCH_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
+              "weight-decay must be a finite number >= 0, got ", c.weight_decay);
   TORCH_CHECK(c.beta1 >= 0 && c.beta1 < 1, "beta1 must be in [0, 1), got ", c.beta1);
   TORCH_CHECK(c.beta2 >= 0 && c.beta2 < 1, "beta2 must be in [0, 1), got ", c.beta2);
   TORCH_CHECK(c.warmup_steps >= 0, "warmup-steps must be >= 0, got ", c.warmup_steps);
   TORCH_CHECK(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "min-lr-ratio must be in [0, 1], got ",
               c.min_lr_ratio);
-  TORCH_CHECK(c.grad_clip >= 0, "grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
+  TORCH_CHECK(std::isfinite(c.grad_clip) && c.grad_clip >= 0,
+              "grad-clip must be a finite number >= 0 (0 = off), got ", c.grad_clip);
   TORCH_CHECK(c.grad_accum >= 1, "grad-accum must be >= 1, got ", c.grad_accum);
   TORCH_CHECK(c.batch_size >= 1, "batch-size must be >= 1, got ", c.batch_size);
   TORCH_CHECK(c.epochs >= 1, "epochs must be >= 1, got ", c.epochs);
   TORCH_CHECK(c.steps_per_epoch >= 1, "steps-per-epoch must be >= 1, got ", c.steps_per_epoch);
+  // Products the trainer forms must fit in 64 bits.
+  int64_t product = 0;
+  TORCH_CHECK(!__builtin_mul_overflow(c.epochs, c.steps_per_epoch, &product), "epochs ", c.epochs,
+              " x steps-per-epoch ", c.steps_per_epoch, " overflows the step counter (max ",
+              std::numeric_limits<int64_t>::max(), ")");
+  TORCH_CHECK(!__builtin_mul_overflow(c.batch_size, c.seq_len, &product) &&
+                  !__builtin_mul_overflow(product, c.grad_accum, &product),
+              "batch-size ", c.batch_size, " x seq-len ", c.seq_len, " x grad-accum ", c.grad_accum,
+              " overflows the token counter");
   TORCH_CHECK(c.seed >= 0, "seed must be >= 0, got ", c.seed);
   TORCH_CHECK(c.threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ", c.threads);
   TORCH_CHECK(c.log_every >= 1, "log-every must be >= 1, got ", c.log_every);
@@ -274,7 +285,8 @@ void validate(const RunConfig& c) {
   TORCH_CHECK(c.save_every >= 0, "save-every must be >= 0 (0 = once per epoch), got ", c.save_every);
   TORCH_CHECK(c.keep_last >= 1, "keep-last must be >= 1, got ", c.keep_last);
   TORCH_CHECK(!c.out_dir.empty(), "out-dir must not be empty");
-  TORCH_CHECK(c.solve_loss > 0, "solve-loss must be > 0, got ", c.solve_loss);
+  TORCH_CHECK(std::isfinite(c.solve_loss) && c.solve_loss > 0,
+              "solve-loss must be a finite number > 0, got ", c.solve_loss);
 }
 
 }  // namespace tinylm

@@ -29,12 +29,17 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
   TORCH_CHECK(logits.dim() == 2, "sampling_probabilities: expected logits (B, V), got shape ",
               logits.sizes());
   const int64_t V = logits.size(1);
-  auto l = logits.to(torch::kFloat32) / options.temperature;  // (B, V)
+  // Shift by the row maximum before scaling: the best token's scaled logit is 0, so a
+  // tiny temperature sharpens towards greedy instead of overflowing to inf - inf = NaN.
+  // In double: a temperature below float's smallest value would round to 0.
+  auto shifted = logits.to(torch::kFloat64);
+  shifted = shifted - std::get<0>(shifted.max(/*dim=*/-1, /*keepdim=*/true));
+  auto l = shifted / options.temperature;  // (B, V), every row's maximum is 0
   if (options.top_k > 0 && options.top_k < V) {
     auto kth = std::get<0>(l.topk(options.top_k, /*dim=*/-1)).narrow(1, options.top_k - 1, 1);
     l = l.masked_fill(l < kth, -std::numeric_limits<float>::infinity());  // keep >= k-th
   }
-  auto probs = torch::softmax(l, /*dim=*/-1);  // (B, V)
+  auto probs = torch::softmax(l, /*dim=*/-1);  // (B, V), float64
   if (options.top_p < 1.0) {
     auto [sorted, order] = probs.sort(/*dim=*/-1, /*descending=*/true);  // (B, V) each
     // Drop a token when the tokens ranked above it already reach top_p; the first stays.
@@ -44,7 +49,7 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
     probs = probs.masked_fill(drop, 0.0);
     probs = probs / probs.sum(-1, /*keepdim=*/true);
   }
-  return probs;
+  return probs.to(torch::kFloat32);
 }
 
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,

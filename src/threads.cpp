@@ -1,7 +1,10 @@
 // CPU threading for LibTorch and OpenBLAS.
 #include <tinylm/threads.h>
 
+#include "internal/system.h"
+
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <dlfcn.h>
 
@@ -9,6 +12,7 @@ namespace tinylm {
 
 bool set_cpu_threads(int n) {
   if (n <= 0) return false;
+  internal::check_thread_count(n);
   at::set_num_threads(n);
   // OpenBLAS is already loaded (LibTorch links libblas.so.3); look its setter up.
   using SetThreads = void (*)(int);

@@ -15,5 +15,7 @@
 #include <tinylm/threads.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
+#include <tinylm/train/resources.h>
+#include <tinylm/train/run_directory.h>
 #include <tinylm/train/trainer.h>
 #include <tinylm/version.h>

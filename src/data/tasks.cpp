@@ -2,9 +2,10 @@
 #include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 
+#include "internal/system.h"
+
 #include <torch/torch.h>
 
-#include <fstream>
 #include <sstream>
 
 namespace tinylm::data {
@@ -138,9 +139,7 @@ TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction
   TORCH_CHECK(seq_len >= 1, "text task: seq-len must be >= 1, got ", seq_len);
   TORCH_CHECK(val_fraction > 0 && val_fraction < 1, "text task: val-fraction must be in (0, 1), got ",
               val_fraction);
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read data file '", path, "': no such file or not readable");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = internal::read_regular_file(path, "data file");
   const int64_t n = static_cast<int64_t>(bytes.size());
   const int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
   const int64_t n_train = n - n_val;
@@ -149,7 +148,7 @@ TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction
               " bytes give ", n_train, " training and ", n_val,
               " validation bytes, but each split needs at least seq-len + 1 = ", need,
               " (use a larger file or a smaller seq-len)");
-  auto all = torch::from_blob(bytes.data(), {n}, torch::kUInt8).clone();
+  auto all = torch::from_blob(const_cast<char*>(bytes.data()), {n}, torch::kUInt8).clone();
   train_ = all.narrow(0, 0, n_train);
   val_ = all.narrow(0, n_train, n_val);
 }

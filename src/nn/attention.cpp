@@ -101,7 +101,10 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
 
   auto qkv_all = qkv_proj(x);  // (B, T, 3D)
   const bool dropout_active = is_training() && options.attn_dropout() > 0;
-  if (options.fused() && !padding_mask.defined() && !dropout_active &&
+  // The fused op's weights output carries no gradient: when weights are asked for with
+  // autograd on, a loss may use them, so the step-by-step path computes them instead.
+  const bool weights_need_grad = return_weights && torch::GradMode::is_enabled();
+  if (options.fused() && !padding_mask.defined() && !dropout_active && !weights_need_grad &&
       fused_attention_supported(qkv_all)) {
     torch::Tensor weights;
     auto context = fused_self_attention(qkv_all, H, options.causal(),

@@ -66,10 +66,12 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
         float* zr = zp + n * V;
         float m = zr[0];
         for (int64_t v = 1; v < V; ++v) m = std::max(m, zr[v]);
+        const float target_logit = zr[tg[n]];
         float sum = 0.f;
         for (int64_t v = 0; v < V; ++v) sum += (zr[v] = std::exp(zr[v] - m));
-        const float target_prob = zr[tg[n]] / sum;
-        loss -= std::log(std::max(target_prob, 1e-38f));
+        // -log softmax(z)[target] = logsumexp(z) - z[target]: exact however confident the
+        // model is (a probability would underflow to 0 past ~87 nats).
+        loss += static_cast<double>(m) + std::log(static_cast<double>(sum)) - target_logit;
         const float scale = inv_n / sum;
         for (int64_t v = 0; v < V; ++v) zr[v] *= scale;
         zr[tg[n]] -= inv_n;

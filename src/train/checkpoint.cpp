@@ -3,17 +3,23 @@
 #include <tinylm/train/optimizer.h>
 #include <tinylm/version.h>
 
+#include "internal/system.h"
+
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -75,10 +81,149 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   }
 }
 
-std::string joined_parameter_names(nn::LanguageModelImpl& model) {
-  std::string names;
-  for (const auto& p : model.named_parameters()) names += p.key() + "\n";
+std::vector<std::string> parameter_names(nn::LanguageModelImpl& model) {
+  std::vector<std::string> names;
+  for (const auto& p : model.named_parameters()) names.push_back(p.key());
   return names;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+// ---- format 2: a safetensors payload ------------------------------------------------
+
+struct DtypeName {
+  torch::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
+    {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"}, {torch::kInt32, "I32"},
+    {torch::kInt16, "I16"},   {torch::kInt8, "I8"},     {torch::kUInt8, "U8"},
+    {torch::kBool, "BOOL"}};
+
+const char* dtype_name(torch::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  TORCH_CHECK(false, "checkpoint: cannot store tensors of dtype ", t);
+}
+
+constexpr uint64_t kMaxHeaderBytes = 64ull << 20;  // far more than any model's names need
+
+/// metadata (strings) + named tensors -> payload bytes.
+std::string encode_payload(const std::map<std::string, std::string>& metadata, const TensorMap& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    const uint64_t bytes = t.numel() * t.element_size();
+    header[name] = {{"dtype", dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out(8, '\0');
+  put<uint64_t>(out, 0, json.size());
+  out += json;
+  out.reserve(out.size() + offset);
+  for (const auto& t : data) out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  return out;
+}
+
+/// Parses a payload, checking every size and offset before allocating anything.
+void decode_payload(const std::string& path, const std::string& payload,
+                    std::map<std::string, std::string>& metadata, TensorMap& tensors) {
+  const std::string where = "checkpoint '" + internal::printable(path) + "'";
+  TORCH_CHECK(payload.size() >= 8, where, " is damaged: its payload is too short");
+  const uint64_t n = get<uint64_t>(payload, 0);
+  TORCH_CHECK(n >= 2 && n <= kMaxHeaderBytes && n <= payload.size() - 8, where,
+              " is damaged: its tensor index claims ", n, " bytes (the payload has ",
+              payload.size(), ")");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(payload.begin() + 8, payload.begin() + 8 + static_cast<int64_t>(n));
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, where, " is damaged: its tensor index is not valid JSON (", e.what(), ")");
+  }
+  TORCH_CHECK(header.is_object(), where, " is damaged: its tensor index is not a JSON object");
+  const uint64_t data_size = payload.size() - 8 - n;
+  const char* data = payload.data() + 8 + n;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    const std::string what = where + " is damaged: entry '" + internal::printable(name) + "'";
+    TORCH_CHECK(entry.is_object(), what, " is not an object");
+    if (name == "__metadata__") {
+      for (const auto& [key, value] : entry.items()) {
+        TORCH_CHECK(value.is_string(), what, " holds a non-string value for '", internal::printable(key), "'");
+        metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const auto dtype = entry.find("dtype");
+    const auto shape = entry.find("shape");
+    const auto offsets = entry.find("data_offsets");
+    TORCH_CHECK(dtype != entry.end() && dtype->is_string() && shape != entry.end() &&
+                    shape->is_array() && offsets != entry.end() && offsets->is_array() &&
+                    offsets->size() == 2 && (*offsets)[0].is_number_unsigned() &&
+                    (*offsets)[1].is_number_unsigned(),
+                what, " lacks a dtype, a shape or two data offsets");
+    const DtypeName* d = nullptr;
+    for (const auto& known : kDtypes)
+      if (dtype->get<std::string>() == known.name) d = &known;
+    TORCH_CHECK(d, what, " has an unknown dtype");
+    TORCH_CHECK(shape->size() <= 16, what, " has ", shape->size(), " dimensions");
+    std::vector<int64_t> sizes;
+    uint64_t numel = 1;
+    for (const auto& dim : *shape) {
+      TORCH_CHECK(dim.is_number_unsigned(), what, " has a shape that is not a list of sizes");
+      const uint64_t v = dim.get<uint64_t>();
+      TORCH_CHECK(v <= data_size && (v == 0 || numel <= data_size / v), what,
+                  " has a shape larger than the file");
+      numel *= v;
+      sizes.push_back(static_cast<int64_t>(v));
+    }
+    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    const uint64_t elem = c10::elementSize(d->type);
+    TORCH_CHECK(begin <= end && end <= data_size, what, " points outside the file");
+    TORCH_CHECK(numel <= data_size / elem && numel * elem == end - begin, what, " has ",
+                end - begin, " bytes for ", numel, " values of ", d->name);
+    ranges.emplace_back(begin, end);
+    auto t = torch::empty(sizes, torch::TensorOptions().dtype(d->type));
+    if (end > begin) std::memcpy(t.data_ptr(), data + begin, end - begin);
+    tensors[name] = t;
+  }
+  // The tensors tile the data exactly, as safetensors requires: no gaps, no overlaps.
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    TORCH_CHECK(begin == covered, where, " is damaged: its tensors overlap or leave gaps");
+    covered = end;
+  }
+  TORCH_CHECK(covered == data_size, where, " is damaged: ", data_size - covered,
+              " bytes after its last tensor");
+}
+
+void check_finite(const std::string& path, const std::string& name, const torch::Tensor& t,
+                  int64_t step) {
+  if (!t.is_floating_point()) return;
+  TORCH_CHECK(torch::isfinite(t).all().item<bool>(), "not writing checkpoint '", path, "': '",
+              name, "' holds NaN or infinite values at step ", step,
+              " (training diverged: a lower learning rate, gradient clipping or warmup helps)");
 }
 
 std::string read_string(torch::serialize::InputArchive& a, const std::string& key,
@@ -87,6 +232,78 @@ std::string read_string(torch::serialize::InputArchive& a, const std::string& ke
   TORCH_CHECK(a.try_read(key, v) && v.isString(), "checkpoint '", path, "' has no '", key,
               "' entry: it was not written by tinylm");
   return v.toStringRef();
+}
+
+/// Format 1: a LibTorch archive (read through LibTorch's loader; trusted files only).
+void read_legacy_payload(Checkpoint& ck, const std::string& payload) {
+  const std::string& path = ck.path;
+  ck.legacy_archive = std::make_shared<torch::serialize::InputArchive>();
+  try {
+    std::istringstream in(payload);
+    ck.legacy_archive->load_from(in);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' has a payload LibTorch cannot read: ",
+                e.what_without_backtrace());
+  }
+  auto& a = *ck.legacy_archive;
+  apply_toml(ck.config, read_string(a, "config", path), path + " (stored config)");
+  c10::IValue v;
+  TORCH_CHECK(a.try_read("step", v) && v.isInt(), "checkpoint '", path, "' has no step");
+  ck.state.step = v.toInt();
+  if (a.try_read("best_val_loss", v) && v.isDouble()) ck.state.best_val_loss = v.toDouble();
+  if (a.try_read("epoch_loss_sum", v) && v.isDouble()) ck.state.epoch_loss_sum = v.toDouble();
+  a.try_read("data_rng_state", ck.state.data_rng_state);
+  a.try_read("torch_rng_state", ck.state.torch_rng_state);
+  ck.parameter_names = split_lines(read_string(a, "model_parameter_names", path));
+  for (const auto& name : ck.parameter_names) {
+    torch::Tensor t;
+    TORCH_CHECK(a.try_read("model." + name, t), "checkpoint '", path, "' lacks the weights of '",
+                name, "'");
+    ck.model[name] = t;
+  }
+  torch::serialize::InputArchive opt;
+  if (a.try_read("optimizer", opt)) ck.optimizer_kind = read_string(a, "optimizer_kind", path);
+}
+
+/// Format 2: metadata and tensors from a safetensors payload.
+void read_payload(Checkpoint& ck, const std::string& payload) {
+  const std::string& path = ck.path;
+  std::map<std::string, std::string> meta;
+  TensorMap tensors;
+  decode_payload(path, payload, meta, tensors);
+  auto field = [&](const char* key) -> const std::string& {
+    auto it = meta.find(key);
+    TORCH_CHECK(it != meta.end(), "checkpoint '", path, "' has no '", key,
+                "' entry: it was not written by tinylm");
+    return it->second;
+  };
+  apply_toml(ck.config, field("config"), path + " (stored config)");
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(field("state"));
+    ck.state.step = state.at("step").get<int64_t>();
+    ck.state.best_val_loss = state.at("best_val_loss").get<double>();
+    ck.state.epoch_loss_sum = state.at("epoch_loss_sum").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its training state is unreadable (",
+                e.what(), ")");
+  }
+  TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
+  ck.parameter_names = split_lines(field("parameter_names"));
+  ck.optimizer_kind = field("optimizer_kind");
+  for (auto& [name, t] : tensors) {
+    if (name.rfind("model.", 0) == 0) ck.model[name.substr(6)] = t;
+    else if (name.rfind("optimizer.", 0) == 0) ck.optimizer[name.substr(10)] = t;
+    else if (name == "rng.data") ck.state.data_rng_state = t;
+    else if (name == "rng.torch") ck.state.torch_rng_state = t;
+    else TORCH_CHECK(false, "checkpoint '", path, "' holds an unknown entry '",
+                     internal::printable(name), "'");
+  }
+  TORCH_CHECK(ck.model.size() == ck.parameter_names.size(), "checkpoint '", path, "' is damaged: ",
+              ck.model.size(), " weight tensors for ", ck.parameter_names.size(), " parameter names");
+  for (const auto& name : ck.parameter_names)
+    TORCH_CHECK(ck.model.count(name), "checkpoint '", path, "' lacks the weights of '",
+                internal::printable(name), "'");
 }
 
 }  // namespace
@@ -109,27 +326,30 @@ uint32_t crc32(const void* data, size_t size) {
 
 void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
                      const Optimizer* optimizer, const TrainingState& state) {
-  torch::serialize::OutputArchive archive;
-  archive.write("tinylm_version", c10::IValue(std::string(TINYLM_VERSION_STRING)));
-  archive.write("config", c10::IValue(to_toml(config)));
-  archive.write("step", c10::IValue(state.step));
-  archive.write("best_val_loss", c10::IValue(state.best_val_loss));
-  archive.write("epoch_loss_sum", c10::IValue(state.epoch_loss_sum));
-  if (state.data_rng_state.defined()) archive.write("data_rng_state", state.data_rng_state);
-  if (state.torch_rng_state.defined()) archive.write("torch_rng_state", state.torch_rng_state);
-  archive.write("model_parameter_names", c10::IValue(joined_parameter_names(model)));
+  TensorMap tensors;
   for (const auto& p : model.named_parameters()) {
-    archive.write("model." + p.key(), p.value().detach().to(torch::kCPU));
+    check_finite(path, p.key(), p.value(), state.step);
+    tensors["model." + p.key()] = p.value();
   }
   if (optimizer) {
-    torch::serialize::OutputArchive opt_archive;
-    optimizer->save(opt_archive);
-    archive.write("optimizer", opt_archive);
-    archive.write("optimizer_kind", c10::IValue(optimizer->kind()));
+    for (const auto& [key, t] : optimizer->state_dict()) {
+      check_finite(path, "optimizer " + key, t, state.step);
+      tensors["optimizer." + key] = t;
+    }
   }
-  std::ostringstream payload_stream;
-  archive.save_to(payload_stream);
-  const std::string payload = payload_stream.str();
+  if (state.data_rng_state.defined()) tensors["rng.data"] = state.data_rng_state;
+  if (state.torch_rng_state.defined()) tensors["rng.torch"] = state.torch_rng_state;
+  const nlohmann::json training = {{"step", state.step},
+                                   {"best_val_loss", state.best_val_loss},
+                                   {"epoch_loss_sum", state.epoch_loss_sum}};
+  const std::map<std::string, std::string> metadata = {
+      {"format", "tinylm-checkpoint"},
+      {"tinylm_version", TINYLM_VERSION_STRING},
+      {"config", to_toml(config)},
+      {"state", training.dump()},
+      {"parameter_names", join_lines(parameter_names(model))},
+      {"optimizer_kind", optimizer ? optimizer->kind() : ""}};
+  const std::string payload = encode_payload(metadata, tensors);
 
   std::string bytes(kHeaderSize, '\0');
   std::memcpy(bytes.data(), kMagic, sizeof kMagic);
@@ -141,14 +361,9 @@ void save_checkpoint(const std::string& path, const RunConfig& config, nn::Langu
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  std::error_code ec;
-  TORCH_CHECK(fs::exists(path, ec), "checkpoint '", path, "' does not exist");
-  TORCH_CHECK(!fs::is_directory(path, ec), "checkpoint '", path, "' is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read checkpoint '", path, "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = internal::read_regular_file(path, "checkpoint");
   TORCH_CHECK(bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0,
-              "'", path, "' is not a tinylm checkpoint (it does not start with TINYLMCK)");
+              "'", internal::printable(path), "' is not a tinylm checkpoint (it does not start with TINYLMCK)");
   TORCH_CHECK(bytes.size() >= kHeaderSize, "checkpoint '", path, "' is truncated: ", bytes.size(),
               " bytes, shorter than its 32-byte header");
   Checkpoint ck;
@@ -166,66 +381,54 @@ Checkpoint read_checkpoint(const std::string& path) {
               " unexpected bytes after its payload");
   TORCH_CHECK(crc32(bytes.data() + kHeaderSize, length) == get<uint32_t>(bytes, 24),
               "checkpoint '", path, "' is corrupt: its checksum does not match its contents");
-
-  ck.archive = std::make_shared<torch::serialize::InputArchive>();
-  try {
-    std::istringstream payload(bytes.substr(kHeaderSize));
-    ck.archive->load_from(payload);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' has a payload LibTorch cannot read: ",
-                e.what_without_backtrace());
-  }
-  auto& a = *ck.archive;
-  apply_toml(ck.config, read_string(a, "config", path), path + " (stored config)");
+  const std::string payload = bytes.substr(kHeaderSize);
+  if (ck.format_version == 1) read_legacy_payload(ck, payload);
+  else read_payload(ck, payload);
   validate(ck.config);
-  c10::IValue v;
-  TORCH_CHECK(a.try_read("step", v) && v.isInt(), "checkpoint '", path, "' has no step");
-  ck.state.step = v.toInt();
-  if (a.try_read("best_val_loss", v) && v.isDouble()) ck.state.best_val_loss = v.toDouble();
-  if (a.try_read("epoch_loss_sum", v) && v.isDouble()) ck.state.epoch_loss_sum = v.toDouble();
-  a.try_read("data_rng_state", ck.state.data_rng_state);
-  a.try_read("torch_rng_state", ck.state.torch_rng_state);
   return ck;
 }
 
 void load_model_state(const Checkpoint& ck, nn::LanguageModelImpl& model) {
-  auto& a = *ck.archive;
-  const std::string stored = read_string(a, "model_parameter_names", ck.path);
-  const std::string expected = joined_parameter_names(model);
-  if (stored != expected) {
+  const auto expected = parameter_names(model);
+  if (ck.parameter_names != expected) {
     // Name the first parameter that one side has and the other lacks.
-    std::istringstream s(stored), e(expected);
-    std::string ls, le;
-    while (std::getline(s, ls) && std::getline(e, le) && ls == le) {}
+    size_t i = 0;
+    while (i < ck.parameter_names.size() && i < expected.size() && ck.parameter_names[i] == expected[i]) ++i;
+    const std::string& ls = i < ck.parameter_names.size() ? ck.parameter_names[i] : "(none)";
+    const std::string& le = i < expected.size() ? expected[i] : "(none)";
     TORCH_CHECK(false, "checkpoint '", ck.path, "' does not fit the model: it holds parameter '",
-                ls.empty() ? "(none)" : ls, "' where the model has '", le.empty() ? "(none)" : le,
-                "'");
+                internal::printable(ls), "' where the model has '", le, "'");
   }
-  torch::NoGradGuard no_grad;
   for (auto& p : model.named_parameters()) {
-    torch::Tensor t;
-    TORCH_CHECK(a.try_read("model." + p.key(), t), "checkpoint '", ck.path,
-                "' lacks the weights of '", p.key(), "'");
+    const auto& t = ck.model.at(p.key());
     TORCH_CHECK(t.sizes() == p.value().sizes(), "checkpoint '", ck.path,
                 "' does not fit the model: '", p.key(), "' has shape ", t.sizes(),
                 " in the checkpoint but ", p.value().sizes(), " in the model");
     TORCH_CHECK(t.scalar_type() == p.value().scalar_type(), "checkpoint '", ck.path, "': '",
                 p.key(), "' is ", t.scalar_type(), " in the checkpoint but ",
                 p.value().scalar_type(), " in the model");
-    p.value().copy_(t);
+    TORCH_CHECK(!t.is_floating_point() || torch::isfinite(t).all().item<bool>(), "checkpoint '",
+                ck.path, "' holds NaN or infinite weights in '", p.key(),
+                "': it cannot be used (it was damaged, or written by a diverged run)");
   }
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters()) p.value().copy_(ck.model.at(p.key()));
 }
 
 void load_optimizer_state(const Checkpoint& ck, Optimizer& optimizer) {
-  torch::serialize::InputArchive opt_archive;
-  TORCH_CHECK(ck.archive->try_read("optimizer", opt_archive), "checkpoint '", ck.path,
+  TORCH_CHECK(!ck.optimizer_kind.empty(), "checkpoint '", ck.path,
               "' holds no optimizer state, so training cannot resume from it");
-  const std::string kind = read_string(*ck.archive, "optimizer_kind", ck.path);
-  TORCH_CHECK(kind == optimizer.kind(), "checkpoint '", ck.path, "' holds '", kind,
-              "' optimizer state, but this run uses '", optimizer.kind(),
-              "': resume with the same --optimizer and --fused-optimizer as the checkpoint");
+  TORCH_CHECK(ck.optimizer_kind == optimizer.kind(), "checkpoint '", ck.path, "' holds '",
+              ck.optimizer_kind, "' optimizer state, but this run uses '", optimizer.kind(),
+              "': resume with the optimizer settings the checkpoint was trained with");
   try {
-    optimizer.load(opt_archive);
+    if (ck.legacy_archive) {
+      torch::serialize::InputArchive opt_archive;
+      TORCH_CHECK(ck.legacy_archive->try_read("optimizer", opt_archive), "no optimizer archive");
+      optimizer.load_legacy(opt_archive);
+    } else {
+      optimizer.load_state_dict(ck.optimizer);
+    }
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", ck.path, "': its optimizer state does not fit (",
                 e.what_without_backtrace(), "); resume with the optimizer it was trained with ('",

@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <sstream>
+#include <type_traits>
+#include <utility>
 
 namespace tinylm::train {
 
@@ -15,11 +18,45 @@ bool is_decayed(const std::string& name, const torch::Tensor& p) {
 
 namespace {
 
-std::vector<torch::Tensor> all_parameters(torch::nn::Module& model) { return model.parameters(); }
+/// One tensor of `state`, checked to exist with the given shape and dtype.
+const torch::Tensor& entry(const TensorMap& state, const std::string& key, torch::IntArrayRef shape,
+                           torch::ScalarType dtype) {
+  auto it = state.find(key);
+  TORCH_CHECK(it != state.end(), "optimizer state lacks '", key, "'");
+  TORCH_CHECK(it->second.sizes() == shape && it->second.scalar_type() == dtype,
+              "optimizer state '", key, "' is ", it->second.scalar_type(), " ", it->second.sizes(),
+              ", expected ", dtype, " ", shape);
+  return it->second;
+}
+
+int64_t step_entry(const TensorMap& state, const std::string& key) {
+  const int64_t step = entry(state, key, {}, torch::kLong).item<int64_t>();
+  TORCH_CHECK(step >= 0, "optimizer state '", key, "' is ", step, ", expected a step count >= 0");
+  return step;
+}
+
+torch::Tensor scalar_step(int64_t step) { return torch::scalar_tensor(step, torch::kLong); }
+
+/// The key LibTorch's optimizers file a parameter's state under: the TensorImpl's
+/// address, as a string in LibTorch 1.x and as the pointer itself in 2.x.
+template <typename Key>
+Key state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 class TorchAdam final : public Optimizer {
  public:
-  TorchAdam(torch::nn::Module& model, const AdamConfig& c) : params_(all_parameters(model)), decoupled_(c.decoupled) {
+  TorchAdam(torch::nn::Module& model, const AdamConfig& c) : decoupled_(c.decoupled) {
+    for (const auto& p : model.named_parameters()) {
+      names_.push_back(p.key());
+      params_.push_back(p.value());
+    }
     if (!c.decoupled) {
       impl_ = std::make_unique<torch::optim::Adam>(
           params_, torch::optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps));
@@ -48,11 +85,65 @@ class TorchAdam final : public Optimizer {
     for (auto& group : impl_->param_groups()) group.options().set_lr(lr);
     impl_->step();
   }
-  void save(torch::serialize::OutputArchive& a) const override { impl_->save(a); }
-  void load(torch::serialize::InputArchive& a) override { impl_->load(a); }
+  TensorMap state_dict() const override {
+    return decoupled_ ? save_as<torch::optim::AdamWParamState>() : save_as<torch::optim::AdamParamState>();
+  }
+  void load_state_dict(const TensorMap& state) override {
+    if (decoupled_) load_as<torch::optim::AdamWParamState>(state);
+    else load_as<torch::optim::AdamParamState>(state);
+  }
+  void load_legacy(torch::serialize::InputArchive& a) override { impl_->load(a); }
   std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
 
  private:
+  using Key = typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+  /// Per parameter `name`: name.step, name.exp_avg, name.exp_avg_sq (and
+  /// name.max_exp_avg_sq with amsgrad), for the parameters that have state yet.
+  template <typename ParamState>
+  TensorMap save_as() const {
+    TensorMap out;
+    const auto& state = impl_->state();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto it = state.find(state_key<Key>(params_[i]));
+      if (it == state.end()) continue;
+      const auto& s = static_cast<const ParamState&>(*it->second);
+      out[names_[i] + ".step"] = scalar_step(s.step());
+      out[names_[i] + ".exp_avg"] = s.exp_avg().detach().to(torch::kCPU);
+      out[names_[i] + ".exp_avg_sq"] = s.exp_avg_sq().detach().to(torch::kCPU);
+      if (s.max_exp_avg_sq().defined())
+        out[names_[i] + ".max_exp_avg_sq"] = s.max_exp_avg_sq().detach().to(torch::kCPU);
+    }
+    return out;
+  }
+
+  template <typename ParamState>
+  void load_as(const TensorMap& in) {
+    size_t used = 0;
+    std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const std::string& n = names_[i];
+      if (in.count(n + ".step") == 0) continue;  // no update has touched it yet
+      const auto& p = params_[i];
+      auto s = std::make_unique<ParamState>();
+      s->step(step_entry(in, n + ".step"));
+      s->exp_avg(entry(in, n + ".exp_avg", p.sizes(), p.scalar_type()).to(p.device()));
+      s->exp_avg_sq(entry(in, n + ".exp_avg_sq", p.sizes(), p.scalar_type()).to(p.device()));
+      used += 3;
+      if (in.count(n + ".max_exp_avg_sq")) {
+        s->max_exp_avg_sq(entry(in, n + ".max_exp_avg_sq", p.sizes(), p.scalar_type()).to(p.device()));
+        ++used;
+      }
+      loaded.emplace_back(state_key<Key>(p), std::move(s));
+    }
+    TORCH_CHECK(used == in.size(), "optimizer state holds ", in.size() - used,
+                " entries for parameters this model does not have");
+    auto& state = impl_->state();
+    state.clear();
+    for (auto& [key, s] : loaded) state[key] = std::move(s);
+  }
+
+  std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   bool decoupled_;
   std::unique_ptr<torch::optim::Optimizer> impl_;
@@ -87,6 +178,7 @@ class FlatAdam final : public Optimizer {
       param.mutable_grad() = grads_.narrow(0, offset, k).view(param.sizes());
       if (c.decoupled && is_decayed(p.key(), param)) decay_.narrow(0, offset, k).fill_(1.0);
       layout_ += p.key() + ":" + std::to_string(k) + "\n";
+      numels_.push_back(k);
       offset += k;
     }
   }
@@ -113,14 +205,17 @@ class FlatAdam final : public Optimizer {
       float* m = exp_avg_.data_ptr<float>();
       float* v = exp_avg_sq_.data_ptr<float>();
       const float* d = decay_.data_ptr<float>();
+      // The (1 - beta) factors are formed in double and rounded once, as LibTorch's Adam
+      // does: 1.f - float(0.999) would be off by 1.3e-5 relative (7e-6 per update).
       const float b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
+      const float one_minus_b1 = 1.0 - c_.beta1, one_minus_b2 = 1.0 - c_.beta2;
       const float fs = step_size, fi = inv_sqrt_bc2, fd = decay;
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
 #pragma omp simd
         for (int64_t i = begin; i < end; ++i) {
           p[i] *= 1.f - fd * d[i];  // AdamW: decoupled decay, decayed tensors only
-          m[i] = b1 * m[i] + (1.f - b1) * g[i];
-          v[i] = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+          m[i] = b1 * m[i] + one_minus_b1 * g[i];
+          v[i] = b2 * v[i] + one_minus_b2 * g[i] * g[i];
           p[i] -= fs * m[i] / (std::sqrt(v[i]) * fi + eps);
         }
       });
@@ -133,22 +228,39 @@ class FlatAdam final : public Optimizer {
     params_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().mul_(inv_sqrt_bc2).add_(c_.eps), -step_size);
   }
 
-  void save(torch::serialize::OutputArchive& a) const override {
-    a.write("layout", c10::IValue(layout_));
-    a.write("step", c10::IValue(step_));
-    a.write("exp_avg", exp_avg_.to(torch::kCPU));
-    a.write("exp_avg_sq", exp_avg_sq_.to(torch::kCPU));
+  /// step, exp_avg and exp_avg_sq (flat, N), and the parameter sizes they cover.
+  TensorMap state_dict() const override {
+    return {{"step", scalar_step(step_)},
+            {"exp_avg", exp_avg_.to(torch::kCPU)},
+            {"exp_avg_sq", exp_avg_sq_.to(torch::kCPU)},
+            {"numels", torch::tensor(numels_, torch::kLong)}};
   }
 
-  void load(torch::serialize::InputArchive& a) override {
+  void load_state_dict(const TensorMap& state) override {
+    TORCH_CHECK(state.size() == 4, "flat Adam state has ", state.size(),
+                " entries, expected 4 (step, exp_avg, exp_avg_sq, numels)");
+    const auto& numels = entry(state, "numels", {static_cast<int64_t>(numels_.size())}, torch::kLong);
+    TORCH_CHECK(torch::equal(numels, torch::tensor(numels_, torch::kLong)),
+                "flat Adam state was saved for parameters of other sizes");
+    const int64_t step = step_entry(state, "step");
+    const auto& m = entry(state, "exp_avg", exp_avg_.sizes(), exp_avg_.scalar_type());
+    const auto& v = entry(state, "exp_avg_sq", exp_avg_sq_.sizes(), exp_avg_sq_.scalar_type());
+    torch::NoGradGuard no_grad;
+    exp_avg_.copy_(m);
+    exp_avg_sq_.copy_(v);
+    step_ = step;
+  }
+
+  void load_legacy(torch::serialize::InputArchive& a) override {
     c10::IValue layout, step;
-    TORCH_CHECK(a.try_read("layout", layout) && layout.isString() && a.try_read("step", step),
+    TORCH_CHECK(a.try_read("layout", layout) && layout.isString() && a.try_read("step", step) &&
+                    step.isInt(),
                 "flat Adam state is incomplete");
     TORCH_CHECK(layout.toStringRef() == layout_,
                 "flat Adam state was saved for other parameters (names or sizes differ)");
     torch::Tensor m, v;
     TORCH_CHECK(a.try_read("exp_avg", m) && a.try_read("exp_avg_sq", v) &&
-                    m.numel() == exp_avg_.numel() && v.numel() == exp_avg_sq_.numel(),
+                    m.sizes() == exp_avg_.sizes() && v.sizes() == exp_avg_sq_.sizes(),
                 "flat Adam state has the wrong size");
     torch::NoGradGuard no_grad;
     exp_avg_.copy_(m);
@@ -161,7 +273,8 @@ class FlatAdam final : public Optimizer {
  private:
   AdamConfig c_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_, decay_;  // flat (N)
-  std::string layout_;
+  std::string layout_;           // "name:numel" lines: what format-1 files recorded
+  std::vector<int64_t> numels_;  // each parameter's size, in order
   int64_t step_ = 0;
 };
 

@@ -4,9 +4,11 @@
 #include <tinylm/threads.h>
 #include <tinylm/nn/fused_tiny_lm.h>
 #include <tinylm/train/optimizer.h>
+#include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
 #include "internal/mode_guard.h"
+#include "internal/system.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -203,10 +205,13 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
 
 Trainer::Trainer(RunConfig config) : config_(std::move(config)), device_(torch::kCPU) {
   tinylm::validate(config_);
-  set_cpu_threads(static_cast<int>(config_.threads));
+  internal::check_thread_count(config_.threads);
   device_ = resolve_device(config_.device);
   TORCH_CHECK(!config_.bf16 || device_.is_cuda(),
               "bf16 autocast needs a CUDA device; drop --bf16 or use --device cuda");
+  // Before anything large is allocated: a run that cannot fit is refused here.
+  check_memory(config_, config_.batch_size, /*training=*/true, device_.is_cuda());
+  set_cpu_threads(static_cast<int>(config_.threads));
   torch::manual_seed(static_cast<uint64_t>(config_.seed));  // weights, dropout, CUDA data
   task_ = data::make_task(config_);
   TORCH_CHECK(task_->vocab_size() == config_.vocab_size, "task ", task_->name(), " has vocab ",
@@ -230,12 +235,19 @@ void Trainer::resume(const Checkpoint& ck) {
               ck.state.step, ", past this run's last step ", config_.total_steps(),
               ": raise --epochs or --steps-per-epoch to train further");
   state_ = ck.state;
+  resumed_ = true;
   if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
   if (state_.torch_rng_state.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state_.torch_rng_state);
   }
+}
+
+void Trainer::set_run_directory(std::shared_ptr<RunDirectory> dir) {
+  TORCH_CHECK(dir, "Trainer::set_run_directory: no directory given");
+  run_dir_ = std::move(dir);
+  config_.out_dir = run_dir_->path();
 }
 
 void Trainer::sync_rng_state() {
@@ -316,10 +328,19 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   FitResult r;
   r.start_step = state_.step;
 
-  std::error_code ec;
-  fs::create_directories(config_.out_dir, ec);
-  TORCH_CHECK(!ec && fs::is_directory(config_.out_dir), "cannot create out-dir '",
-              config_.out_dir, "': ", ec.message());
+  // Claimed here unless the caller gave one; a claim made here is released on return.
+  struct Release {
+    std::shared_ptr<RunDirectory>* dir = nullptr;
+    ~Release() {
+      if (dir) dir->reset();
+    }
+  } release;
+  if (!run_dir_) {
+    const bool continuing = resumed_ || state_.step > 0;
+    set_run_directory(std::make_shared<RunDirectory>(
+        config_.out_dir, continuing ? RunDirMode::resume : RunDirMode::fresh, state_.step));
+    release.dir = &run_dir_;
+  }
   const fs::path metrics = fs::path(config_.out_dir) / "metrics.jsonl";
   {
     // A fresh run starts a fresh file; a resumed one keeps the records up to its step,
@@ -343,90 +364,91 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   int64_t interval_steps = 0;
   model_->train();
 
-  while (state_.step < total) {
-    if (stop && stop->load()) {
-      r.interrupted = true;
-      write_step_checkpoint(r);
-      log->info("interrupted at step {}: saved {}", state_.step, r.last_checkpoint);
-      break;
-    }
-    const double lr = learning_rate_at(config_, state_.step);
-    double loss_value = 0, grad_norm = 0;
-    try {
-      loss_value = train_step(&grad_norm);
-    } catch (const c10::Error& e) {
-      const std::string& kept = r.last_checkpoint.empty() ? r.best_checkpoint : r.last_checkpoint;
-      TORCH_CHECK(false, e.what_without_backtrace(), "; ",
-                  kept.empty() ? std::string("no checkpoint was written in this run")
-                               : "the last good checkpoint is " + kept);
-    }
-    r.losses.push_back(loss_value);
-    state_.epoch_loss_sum += loss_value;
-    interval_loss += loss_value;
-    ++interval_steps;
-
-    const int64_t step = state_.step;
-    const int64_t epoch = (step - 1) / config_.steps_per_epoch + 1;
-    const bool epoch_end = step % config_.steps_per_epoch == 0;
-    const bool last = step == total;
-
-    if (step % config_.log_every == 0 || last) {
-      StepRecord rec;
-      rec.step = step;
-      rec.total_steps = total;
-      rec.epoch = epoch;
-      rec.loss = interval_loss / interval_steps;
-      rec.lr = lr;
-      rec.grad_norm = grad_norm;
-      rec.tokens_per_second = interval_steps * tokens_per_step / std::max(1e-9, seconds_since(t_log));
-      rec.eta_seconds = (total - step) * seconds_since(t_start) / (step - r.start_step);
-      log->info("step {:>6}/{} | epoch {}/{} | loss {:.6f} | lr {:.2e} | {:.0f} tok/s | ETA {:.0f}s",
-                step, total, epoch, config_.epochs, rec.loss, lr, rec.tokens_per_second,
-                rec.eta_seconds);
-      append_metrics("{\"type\":\"train\",\"step\":" + std::to_string(step) +
-                     ",\"epoch\":" + std::to_string(epoch) + ",\"loss\":" + json_number(loss_value) +
-                     ",\"mean_loss\":" + json_number(rec.loss) + ",\"lr\":" + json_number(lr) +
-                     ",\"grad_norm\":" + json_number(grad_norm) +
-                     ",\"tokens_per_s\":" + json_number(rec.tokens_per_second) + "}");
-      if (on_progress) on_progress(rec);
-      t_log = Clock::now();
-      interval_loss = 0;
-      interval_steps = 0;
-    }
-    if (epoch_end) {
-      const double mean = state_.epoch_loss_sum / config_.steps_per_epoch;
-      r.epoch_losses.push_back(mean);
-      log->info("epoch {}/{}: mean loss {:.6f}", epoch, config_.epochs, mean);
-      append_metrics("{\"type\":\"epoch\",\"step\":" + std::to_string(step) + ",\"epoch\":" +
-                     std::to_string(epoch) + ",\"loss\":" + json_number(mean) + "}");
-      state_.epoch_loss_sum = 0;
-    }
-    const bool eval_due = (config_.eval_every > 0 ? step % config_.eval_every == 0 : epoch_end) || last;
-    if (eval_due) {
-      r.last_eval = validate();
-      const auto& m = r.last_eval;
-      log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
-                step, m.loss, m.perplexity, 100 * m.accuracy, 100 * m.exact_match);
-      append_metrics("{\"type\":\"eval\",\"step\":" + std::to_string(step) + ",\"loss\":" +
-                     json_number(m.loss) + ",\"perplexity\":" + json_number(m.perplexity) +
-                     ",\"scored_loss\":" + json_number(m.scored_loss) + ",\"accuracy\":" +
-                     json_number(m.accuracy) + ",\"exact_match\":" + json_number(m.exact_match) + "}");
-      if (m.loss < state_.best_val_loss) {
-        state_.best_val_loss = m.loss;
-        save(best_path.string());
-        r.best_checkpoint = best_path.string();
+  try {
+    while (state_.step < total) {
+      if (stop && stop->load()) {
+        r.interrupted = true;
+        write_step_checkpoint(r);
+        log->info("interrupted at step {}: saved {}", state_.step, r.last_checkpoint);
+        break;
       }
-      r.solved = config_.stop_when_solved && task_->synthetic() && m.accuracy >= 1.0 &&
-                 m.scored_loss < config_.solve_loss;
+      const double lr = learning_rate_at(config_, state_.step);
+      double loss_value = 0, grad_norm = 0;
+      loss_value = train_step(&grad_norm);
+      r.losses.push_back(loss_value);
+      state_.epoch_loss_sum += loss_value;
+      interval_loss += loss_value;
+      ++interval_steps;
+
+      const int64_t step = state_.step;
+      const int64_t epoch = (step - 1) / config_.steps_per_epoch + 1;
+      const bool epoch_end = step % config_.steps_per_epoch == 0;
+      const bool last = step == total;
+
+      if (step % config_.log_every == 0 || last) {
+        StepRecord rec;
+        rec.step = step;
+        rec.total_steps = total;
+        rec.epoch = epoch;
+        rec.loss = interval_loss / interval_steps;
+        rec.lr = lr;
+        rec.grad_norm = grad_norm;
+        rec.tokens_per_second = interval_steps * tokens_per_step / std::max(1e-9, seconds_since(t_log));
+        rec.eta_seconds = (total - step) * seconds_since(t_start) / (step - r.start_step);
+        log->info("step {:>6}/{} | epoch {}/{} | loss {:.6f} | lr {:.2e} | {:.0f} tok/s | ETA {:.0f}s",
+                  step, total, epoch, config_.epochs, rec.loss, lr, rec.tokens_per_second,
+                  rec.eta_seconds);
+        append_metrics("{\"type\":\"train\",\"step\":" + std::to_string(step) +
+                       ",\"epoch\":" + std::to_string(epoch) + ",\"loss\":" + json_number(loss_value) +
+                       ",\"mean_loss\":" + json_number(rec.loss) + ",\"lr\":" + json_number(lr) +
+                       ",\"grad_norm\":" + json_number(grad_norm) +
+                       ",\"tokens_per_s\":" + json_number(rec.tokens_per_second) + "}");
+        if (on_progress) on_progress(rec);
+        t_log = Clock::now();
+        interval_loss = 0;
+        interval_steps = 0;
+      }
+      if (epoch_end) {
+        const double mean = state_.epoch_loss_sum / config_.steps_per_epoch;
+        r.epoch_losses.push_back(mean);
+        log->info("epoch {}/{}: mean loss {:.6f}", epoch, config_.epochs, mean);
+        append_metrics("{\"type\":\"epoch\",\"step\":" + std::to_string(step) + ",\"epoch\":" +
+                       std::to_string(epoch) + ",\"loss\":" + json_number(mean) + "}");
+        state_.epoch_loss_sum = 0;
+      }
+      const bool eval_due = (config_.eval_every > 0 ? step % config_.eval_every == 0 : epoch_end) || last;
+      if (eval_due) {
+        r.last_eval = validate();
+        const auto& m = r.last_eval;
+        log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
+                  step, m.loss, m.perplexity, 100 * m.accuracy, 100 * m.exact_match);
+        append_metrics("{\"type\":\"eval\",\"step\":" + std::to_string(step) + ",\"loss\":" +
+                       json_number(m.loss) + ",\"perplexity\":" + json_number(m.perplexity) +
+                       ",\"scored_loss\":" + json_number(m.scored_loss) + ",\"accuracy\":" +
+                       json_number(m.accuracy) + ",\"exact_match\":" + json_number(m.exact_match) + "}");
+        if (m.loss < state_.best_val_loss) {
+          state_.best_val_loss = m.loss;
+          save(best_path.string());
+          r.best_checkpoint = best_path.string();
+        }
+        r.solved = config_.stop_when_solved && task_->synthetic() && m.accuracy >= 1.0 &&
+                   m.scored_loss < config_.solve_loss;
+      }
+      const bool save_due =
+          (config_.save_every > 0 ? step % config_.save_every == 0 : epoch_end) || last || r.solved;
+      if (save_due) write_step_checkpoint(r);
+      if (r.solved) {
+        log->info("solved at step {}: validation accuracy 100% and loss on predictable positions "
+                  "{:.2e} < solve-loss {}", step, r.last_eval.scored_loss, config_.solve_loss);
+        break;
+      }
     }
-    const bool save_due =
-        (config_.save_every > 0 ? step % config_.save_every == 0 : epoch_end) || last || r.solved;
-    if (save_due) write_step_checkpoint(r);
-    if (r.solved) {
-      log->info("solved at step {}: validation accuracy 100% and loss on predictable positions "
-                "{:.2e} < solve-loss {}", step, r.last_eval.scored_loss, config_.solve_loss);
-      break;
-    }
+  } catch (const c10::Error& e) {
+    // Divergence, a full disk, a failed save: say which checkpoint is still good.
+    const std::string& kept = r.last_checkpoint.empty() ? r.best_checkpoint : r.last_checkpoint;
+    TORCH_CHECK(false, e.what_without_backtrace(), "; ",
+                kept.empty() ? std::string("no checkpoint was written in this run")
+                             : "the last good checkpoint is " + kept);
   }
   r.end_step = state_.step;
   if (r.best_checkpoint.empty() && fs::exists(best_path)) r.best_checkpoint = best_path.string();

@@ -56,7 +56,7 @@ printf 'lr = = 1\n' > syntax.toml
 expect_error "config bad TOML"       "not valid TOML"      "$tinylm" train --config syntax.toml
 printf '[model]\nd-model = 8\n' > nested.toml
 expect_error "config nested table"   "flat keys only"      "$tinylm" train --config nested.toml
-expect_error "config missing"        "cannot read config file" "$tinylm" train --config nowhere.toml
+expect_error "config missing"        "config file 'nowhere.toml' does not exist" "$tinylm" train --config nowhere.toml
 expect_error "config and resume"     "--config and --resume" "$tinylm" train --config typo.toml --resume good
 
 # ---- checkpoints
@@ -77,7 +77,7 @@ expect_error "resume past the end"   "past this run's last step" "$tinylm" train
 
 # ---- data files
 expect_error "text without data"     "needs a training file" "$tinylm" train --task text --vocab-size 256
-expect_error "text data missing"     "cannot read data file" "$tinylm" train --task text --vocab-size 256 --data nowhere.txt
+expect_error "text data missing"     "data file 'nowhere.txt' does not exist" "$tinylm" train --task text --vocab-size 256 --data nowhere.txt
 echo "tiny" > small.txt
 expect_error "text data too small"   "is too small"        "$tinylm" train --task text --vocab-size 256 --data small.txt
 expect_error "text wrong vocab"      "vocab-size must be 256" "$tinylm" train --task text --data small.txt

@@ -76,6 +76,6 @@ TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes
   CHECK_THAT(error_message([&] { TextTask(path.string(), 30, 0.2); }),
              Catch::Contains("is too small: 100 bytes give 80 training and 20 validation bytes"));
   CHECK_THAT(error_message([] { TextTask("/no/such/file.txt", 8, 0.1); }),
-             Catch::Contains("cannot read data file '/no/such/file.txt'"));
+             Catch::Contains("data file '/no/such/file.txt' does not exist"));
   std::filesystem::remove(path);
 }

@@ -46,9 +46,11 @@ TEST_CASE("the same config and seed give the same losses", "[train][reproducible
   c.epochs = 1;
   c.steps_per_epoch = 15;
   auto a = Trainer(c).fit().losses;
+  c.out_dir = quiet("repro_b").out_dir;  // a run directory holds one run
   auto b = Trainer(c).fit().losses;
   CHECK(a == b);
   c.seed = 43;
+  c.out_dir = quiet("repro_c").out_dir;
   CHECK(Trainer(c).fit().losses != a);
 }
 
@@ -203,8 +205,8 @@ TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(c.out_dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  CHECK(names == std::vector<std::string>{"best.ckpt", "metrics.jsonl", "step-00000008.ckpt",
-                                          "step-00000010.ckpt"});
+  CHECK(names == std::vector<std::string>{".tinylm.lock", "best.ckpt", "metrics.jsonl",
+                                          "step-00000008.ckpt", "step-00000010.ckpt"});
 }
 
 TEST_CASE("devices: auto and cpu resolve, bad specs are refused", "[train][device][errors]") {

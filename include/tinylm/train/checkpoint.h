@@ -7,14 +7,24 @@
 //   bytes 16..23  payload length in bytes (uint64)
 //   bytes 24..27  CRC-32 of the payload (uint32)
 //   bytes 28..31  reserved (0)
-//   bytes 32..    payload: a LibTorch archive holding the run config (TOML), the model's
-//                 parameters, the optimizer state, the step, RNG states and counters.
+//   bytes 32..    payload
+// Format 2 (written today): the payload is data only, laid out as a safetensors file:
+//   an 8-byte header length n, n bytes of JSON naming every tensor's dtype, shape and
+//   byte range (plus "__metadata__": the run config as TOML, the training state, the
+//   parameter names, the optimizer's kind), then the raw tensor bytes. Reading it parses
+//   JSON and copies bytes: no code is compiled or run, and every size and offset is
+//   checked against the file before anything is allocated.
+// Format 1 (read for old files): a LibTorch archive. LibTorch's loader compiles the
+//   TorchScript inside it, so a format-1 file must come from a trusted source; resuming
+//   from one writes format 2 from then on.
 // Files are written to a temporary name, fsync'ed, then renamed over the target, so a
 // crash at any moment leaves either the old file or the new one, never half of one.
+// A checkpoint is only written when every weight and optimizer value is finite.
 #pragma once
 
 #include <tinylm/config.h>
 #include <tinylm/nn/model.h>
+#include <tinylm/train/optimizer.h>
 
 #include <torch/serialize/input-archive.h>
 #include <torch/types.h>
@@ -22,12 +32,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tinylm::train {
 
-class Optimizer;
-
-constexpr uint32_t kCheckpointFormatVersion = 1;
+constexpr uint32_t kCheckpointFormatVersion = 2;
 
 /// Where training stands, besides the weights and the optimizer.
 struct TrainingState {
@@ -38,26 +47,33 @@ struct TrainingState {
   torch::Tensor torch_rng_state;      // LibTorch's default CPU generator (dropout)
 };
 
-/// What a checkpoint holds once its header has been checked.
+/// What a checkpoint holds once it has been read and checked.
 struct Checkpoint {
   std::string path;
   uint32_t format_version = 0;
   RunConfig config;                   // the full run config it was trained with
   TrainingState state;
-  std::shared_ptr<torch::serialize::InputArchive> archive;  // weights and optimizer
+  std::vector<std::string> parameter_names;  // in the model's order
+  TensorMap model;                    // parameter name -> weights (CPU)
+  std::string optimizer_kind;         // Optimizer::kind(); empty when none was saved
+  TensorMap optimizer;                // the optimizer's own state (format 2)
+  /// Format 1 only: the LibTorch archive its optimizer state is read from.
+  std::shared_ptr<torch::serialize::InputArchive> legacy_archive;
 };
 
-/// Writes atomically (temporary file, fsync, rename, fsync of the directory).
+/// Writes atomically (temporary file, fsync, rename, fsync of the directory). Refuses,
+/// writing nothing, when a weight or an optimizer value is NaN or infinite.
 void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
                      const Optimizer* optimizer, const TrainingState& state);
 
-/// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt or newer-format
-/// file is refused with an error naming the file and the problem.
+/// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt, damaged or
+/// newer-format file, or anything that is not a regular file, is refused with an error
+/// naming the file and the problem.
 Checkpoint read_checkpoint(const std::string& path);
 
 /// Copies the checkpoint's weights into `model` after checking that every parameter is
-/// there with the same shape and that the checkpoint holds no others (LibTorch's own
-/// loader would accept mismatched shapes silently).
+/// there with the same shape and dtype, that the checkpoint holds no others (LibTorch's
+/// own loader would accept mismatched shapes silently), and that every value is finite.
 void load_model_state(const Checkpoint& checkpoint, nn::LanguageModelImpl& model);
 
 /// Restores the optimizer state saved with the checkpoint.

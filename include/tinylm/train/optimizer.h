@@ -4,14 +4,17 @@
 
 #include <torch/nn/module.h>
 #include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace tinylm::train {
+
+/// Named tensors: what an optimizer saves, and the data part of a checkpoint.
+using TensorMap = std::map<std::string, torch::Tensor>;
 
 struct AdamConfig {
   double lr = 1e-3;
@@ -34,8 +37,13 @@ class Optimizer {
   /// before scaling.
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void step(double lr) = 0;
-  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
-  virtual void load(torch::serialize::InputArchive& archive) = 0;
+  /// The optimizer's state as named CPU tensors (counters as 0-dim int64 tensors).
+  virtual TensorMap state_dict() const = 0;
+  /// Restores what state_dict() returned; refuses state that does not fit the model
+  /// (missing or unknown entries, other shapes or dtypes).
+  virtual void load_state_dict(const TensorMap& state) = 0;
+  /// Restores the state from a format-1 checkpoint's LibTorch archive.
+  virtual void load_legacy(torch::serialize::InputArchive& archive) = 0;
   /// "adam", "adamw", "flat-adam" or "flat-adamw": what a checkpoint's state belongs to.
   virtual std::string kind() const = 0;
 };

@@ -7,6 +7,7 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
+#include <tinylm/train/run_directory.h>
 
 #include <ATen/core/Generator.h>
 #include <torch/types.h>
@@ -83,9 +84,15 @@ class Trainer {
   /// Called before fit(); the checkpoint must fit the model this config builds.
   void resume(const Checkpoint& checkpoint);
 
+  /// Writes this run's checkpoints and metrics into `dir` (which becomes the config's
+  /// out-dir). Without it, fit() claims the config's out-dir itself: fresh for a new
+  /// run, resume after resume().
+  void set_run_directory(std::shared_ptr<RunDirectory> dir);
+
   /// Runs until the last step, a solved task (when asked for), or `*stop` turning true
   /// (checked between steps; a checkpoint is written before returning). A NaN or
-  /// infinite loss throws before the optimizer step, leaving the last checkpoint intact.
+  /// infinite loss throws before the optimizer step, and non-finite weights are never
+  /// checkpointed, so the last checkpoint named in the error is a good one.
   FitResult fit(const std::atomic<bool>* stop = nullptr);
 
   /// One optimizer step (grad-accum micro-batches): returns the loss; the global gradient
@@ -120,6 +127,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   at::Generator data_gen_;
   TrainingState state_;
+  bool resumed_ = false;
+  std::shared_ptr<RunDirectory> run_dir_;
   nn::TinyAttentionLMImpl* fused_tiny_ = nullptr;  // set when the fused loss applies
 };
 

@@ -1,0 +1,38 @@
+// Internal: what the library asks of the operating system — reading user files safely,
+// showing user text in messages, and how much memory and how many CPUs there are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tinylm::internal {
+
+/// Reads a whole regular file. A missing path, a directory, a FIFO, a device, a socket
+/// or an unreadable file is refused with one line naming `what`, the path and the
+/// problem; a FIFO never blocks (it is opened non-blocking and refused). A file larger
+/// than `max_bytes` is refused too.
+std::string read_regular_file(const std::string& path, const std::string& what,
+                              uint64_t max_bytes = UINT64_MAX);
+
+/// The same checks without reading; returns the file's size in bytes.
+uint64_t check_regular_file(const std::string& path, const std::string& what);
+
+/// `s` for an error message: control characters, DEL and bytes that are not UTF-8 are
+/// written as \xNN, so a message stays one readable line whatever the user typed.
+std::string printable(std::string_view s);
+
+/// Memory this process can still take, in bytes: the smaller of the kernel's
+/// MemAvailable and the room left under a cgroup v2 limit. 0 when unknown.
+uint64_t available_memory_bytes();
+
+/// CPUs this process may run on (its affinity mask); at least 1.
+int usable_cpu_count();
+
+/// Refuses a thread count below 0 or above usable_cpu_count() (0 = the default).
+void check_thread_count(int64_t threads);
+
+/// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
+std::string human_bytes(double bytes);
+
+}  // namespace tinylm::internal
