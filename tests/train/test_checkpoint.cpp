@@ -1,10 +1,17 @@
 #include "../test_util.h"
 
 #include <tinylm/train/checkpoint.h>
+#include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
+#include <sys/stat.h>
+
+#include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 
 using namespace tinylm;
 using namespace tinylm::train;
@@ -144,4 +151,166 @@ TEST_CASE("resolve_checkpoint_path picks the newest step in a run directory", "[
   fs::create_directories(dir);
   CHECK_THAT(error_message([&] { resolve_checkpoint_path(dir.string()); }),
              Catch::Contains("holds no step-*.ckpt checkpoint"));
+}
+
+// ---- format 1: the fixtures ----------------------------------------------------------
+//
+// tests/fixtures holds two checkpoints written by tinylm's format-1 code (a LibTorch
+// archive): the reference model with the flat Adam, and a one-layer transformer with
+// LibTorch's AdamW and dropout, each after 12 steps of the repeat task. Their evaluation
+// loss (5 batches, seed 1234) and the losses of steps 13-16 after resuming were recorded
+// by that same code; reading the files today must reproduce them.
+
+TEST_CASE("format-1 checkpoints still load, evaluate and resume exactly", "[checkpoint][compat]") {
+  struct Fixture {
+    const char* file;
+    double eval_loss;
+    std::array<double, 4> next_losses;
+  };
+  const Fixture f = GENERATE(
+      Fixture{"v1-tiny-adam-step12.ckpt", 4.20962868,
+              {4.1598472595214844, 4.0449504852294922, 4.3370833396911621, 4.0504159927368164}},
+      Fixture{"v1-transformer-adamw-step12.ckpt", 3.54752172,
+              {3.5225563049316406, 3.5407850742340088, 3.5292942523956299, 3.3616440296173096}});
+  INFO(f.file);
+  const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
+  auto ck = read_checkpoint(path);
+  CHECK(ck.format_version == 1);
+  CHECK(ck.state.step == 12);
+
+  auto model = build_model(ck.config);
+  load_model_state(ck, *model);
+  auto task = data::make_task(ck.config);
+  const auto m = evaluate(*model, *task, 5, ck.config.batch_size, 1234, torch::kCPU);
+  CHECK(m.loss == Approx(f.eval_loss).epsilon(1e-6));
+
+  const auto dir = scratch(std::string("fixture_") + f.file);
+  RunConfig c = ck.config;
+  c.epochs = 4;  // 16 steps: 4 past the checkpoint
+  c.out_dir = dir.string();
+  Trainer trainer(c);
+  trainer.resume(ck);
+  for (double expected : f.next_losses) {
+    const double loss = trainer.train_step();
+    INFO("step " << trainer.step());
+    CHECK(loss == Approx(expected).epsilon(1e-5));
+  }
+  // Saving from here writes today's format, which reads back.
+  trainer.save((dir / "now.ckpt").string());
+  auto again = read_checkpoint((dir / "now.ckpt").string());
+  CHECK(again.format_version == kCheckpointFormatVersion);
+  CHECK(again.state.step == 16);
+}
+
+// ---- untrusted files -------------------------------------------------------------------
+
+namespace {
+
+/// The file with `payload` behind a header whose length and CRC are recomputed, so the
+/// reader's own checks, not the checksum, must catch what is wrong.
+std::string with_header(const std::string& good, const std::string& payload) {
+  std::string out = good.substr(0, 32) + payload;
+  for (int i = 0; i < 8; ++i) out[16 + i] = static_cast<char>((payload.size() >> (8 * i)) & 0xFF);
+  const uint32_t crc = crc32(payload.data(), payload.size());
+  for (int i = 0; i < 4; ++i) out[24 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("payload mutants with a valid checksum are refused cleanly or load whole",
+          "[checkpoint][errors][fuzz]") {
+  // 400 mutants of a real checkpoint: bit flips, byte overwrites, truncations and
+  // insertions, half of them aimed at the JSON index. Each is read, checked for fit and
+  // resumed as `tinylm train --resume` would; the only acceptable failure is a c10::Error
+  // (any other exception, a crash or a sanitizer report fails the suite).
+  const auto dir = scratch("fuzz");
+  RunConfig c = small_transformer();
+  c.out_dir = dir.string();
+  c.optimizer = "adamw";
+  c.dropout = 0.1;
+  Trainer trainer(c);
+  trainer.train_step();
+  trainer.train_step();
+  trainer.save((dir / "good.ckpt").string());
+  const std::string good = read_bytes(dir / "good.ckpt");
+  const std::string payload = good.substr(32);
+  uint64_t index_len = 0;
+  for (int i = 0; i < 8; ++i) index_len |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  REQUIRE(index_len < payload.size());
+
+  std::mt19937_64 rng(20261129);
+  auto pick = [&](uint64_t n) { return static_cast<size_t>(rng() % n); };
+  int refused = 0, loaded = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string p = payload;
+    const bool aim_at_index = i % 2 == 0;
+    const size_t span = aim_at_index ? 8 + index_len : p.size();
+    switch (i % 5) {
+      case 0: p[pick(span)] ^= static_cast<char>(1 << pick(8)); break;
+      case 1: p[pick(span)] = static_cast<char>(rng()); break;
+      case 2: p.resize(pick(p.size())); break;
+      case 3: p.insert(pick(span), std::string(1 + pick(8), static_cast<char>(rng()))); break;
+      default:
+        for (int k = 0; k < 4; ++k) p[pick(span)] = "{}[]\",:0-9e"[pick(11)];
+    }
+    const auto file = dir / "mutant.ckpt";
+    write_bytes(file, with_header(good, p));
+    try {
+      auto ck = read_checkpoint(file.string());
+      check_memory(ck.config, 1, /*training=*/false);
+      auto model = build_model(ck.config);
+      load_model_state(ck, *model);
+      Trainer resumed(c);
+      resumed.resume(ck);
+      ++loaded;
+    } catch (const c10::Error&) {
+      ++refused;
+    }
+  }
+  INFO("refused " << refused << ", loaded " << loaded);
+  CHECK(refused + loaded == 400);
+  CHECK(refused >= 200);  // most mutants break the index or the sizes
+}
+
+TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[checkpoint][errors]") {
+  const auto dir = scratch("nonfinite");
+  RunConfig c = small_transformer();
+  c.out_dir = dir.string();
+  Trainer trainer(c);
+  trainer.train_step();
+  {
+    torch::NoGradGuard no_grad;
+    trainer.model()->named_parameters()["blocks.0.ln1.weight"][3] = std::nan("");
+  }
+  const auto path = (dir / "bad.ckpt").string();
+  CHECK_THAT(error_message([&] { trainer.save(path); }),
+             Catch::Contains("not writing checkpoint") && Catch::Contains("'blocks.0.ln1.weight' holds NaN"));
+  CHECK_FALSE(fs::exists(path));
+  CHECK(fs::is_empty(dir));  // no temporary file either
+}
+
+TEST_CASE("a checkpoint holding NaN weights is refused when loaded", "[checkpoint][errors]") {
+  const auto dir = scratch("nanload");
+  RunConfig c = small_transformer();
+  c.out_dir = dir.string();
+  Trainer trainer(c);
+  trainer.save((dir / "good.ckpt").string());
+  auto ck = read_checkpoint((dir / "good.ckpt").string());
+  ck.model["ln_f.bias"][0] = std::numeric_limits<float>::infinity();
+  auto model = build_model(ck.config);
+  CHECK_THAT(error_message([&] { load_model_state(ck, *model); }),
+             Catch::Contains("holds NaN or infinite weights in 'ln_f.bias'"));
+}
+
+TEST_CASE("only regular files are read as checkpoints", "[checkpoint][errors]") {
+  const auto dir = scratch("kinds");
+  const auto fifo = dir / "pipe.ckpt";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK_THAT(error_message([&] { read_checkpoint(fifo.string()); }),
+             Catch::Contains("is a FIFO (named pipe), not a regular file"));
+  CHECK_THAT(error_message([&] { read_checkpoint("/dev/zero"); }),
+             Catch::Contains("is a character device, not a regular file"));
+  CHECK_THAT(error_message([&] { read_checkpoint(dir.string()); }),
+             Catch::Contains("is a directory, not a regular file"));
 }
