@@ -14,7 +14,9 @@
 
 #include <atomic>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +34,23 @@ std::string shape(const torch::Tensor& t) {
   os << t.sizes();
   return os.str();
 }
+
+/// Integer options also take exact decimal notation ("1e9", "64.0"), as people write
+/// sizes; anything else is left for CLI11 to refuse.
+const CLI::Validator kIntegerNotation(
+    [](std::string& text) -> std::string {
+      if (text.find_first_of("eE.") == std::string::npos) return {};
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
+          std::abs(v) >= 9.2e18)
+        return {};
+      text = std::to_string(static_cast<long long>(v));
+      return {};
+    },
+    "", "integer notation");
+
+CLI::Option* integer(CLI::Option* opt) { return opt->transform(kIntegerNotation); }
 
 void on_signal(int sig) {
   g_stop.store(true);
@@ -59,6 +78,8 @@ void add_config_options(CLI::App& cmd, TrainArgs& args) {
           using T = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<T, bool>) {
             return cmd.add_flag(name + ",!--no-" + f.name, v, help);
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            return integer(cmd.add_option(name, v, help));
           } else {
             return cmd.add_option(name, v, help);
           }
@@ -388,11 +409,11 @@ int main(int argc, char** argv) {
   EvalArgs eval_args;
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a checkpoint (no model flags needed)");
   eval_cmd->add_option("checkpoint", eval_args.checkpoint, "checkpoint file or run directory")->required();
-  eval_cmd->add_option("--batches", eval_args.batches, "batches to evaluate")->capture_default_str();
-  eval_cmd->add_option("--batch-size", eval_args.batch_size, "0 = the checkpoint's batch size")->capture_default_str();
-  eval_cmd->add_option("--seed", eval_args.seed, "seed of the evaluation batches")->capture_default_str();
+  integer(eval_cmd->add_option("--batches", eval_args.batches, "batches to evaluate"))->capture_default_str();
+  integer(eval_cmd->add_option("--batch-size", eval_args.batch_size, "0 = the checkpoint's batch size"))->capture_default_str();
+  integer(eval_cmd->add_option("--seed", eval_args.seed, "seed of the evaluation batches"))->capture_default_str();
   eval_cmd->add_option("--device", eval_args.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  eval_cmd->add_option("--threads", eval_args.threads, "intra-op CPU threads; 0 = default")->capture_default_str();
+  integer(eval_cmd->add_option("--threads", eval_args.threads, "intra-op CPU threads; 0 = default"))->capture_default_str();
   eval_cmd->add_option("--data", eval_args.data, "text task: the data file, if it moved");
   eval_cmd->add_flag("--json", eval_args.json, "one JSON line instead of text");
 
@@ -401,19 +422,19 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("checkpoint", s.checkpoint, "checkpoint file or run directory")->required();
   sample_cmd->add_option("--prompt", s.prompt,
                          "token ids (\"3 3 3\") for synthetic tasks, text for the text task")->required();
-  sample_cmd->add_option("--max-new-tokens", s.max_new_tokens, "tokens to generate")->capture_default_str();
+  integer(sample_cmd->add_option("--max-new-tokens", s.max_new_tokens, "tokens to generate"))->capture_default_str();
   sample_cmd->add_option("--temperature", s.temperature, "> 0; lower is more deterministic")->capture_default_str();
-  sample_cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
+  integer(sample_cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off"))->capture_default_str();
   sample_cmd->add_option("--top-p", s.top_p, "nucleus sampling threshold in (0, 1]; 1 = off")->capture_default_str();
-  sample_cmd->add_option("--seed", s.seed, "sampling seed; -1 = unseeded")->capture_default_str();
+  integer(sample_cmd->add_option("--seed", s.seed, "sampling seed; -1 = unseeded"))->capture_default_str();
   sample_cmd->add_flag("--greedy", s.greedy, "always take the most likely token");
   sample_cmd->add_flag("--heatmap", s.heatmap, "print the attention heatmap of the result");
-  sample_cmd->add_option("--layer", s.layer, "heatmap layer; -1 = last")->capture_default_str();
-  sample_cmd->add_option("--head", s.head, "heatmap head")->capture_default_str();
+  integer(sample_cmd->add_option("--layer", s.layer, "heatmap layer; -1 = last"))->capture_default_str();
+  integer(sample_cmd->add_option("--head", s.head, "heatmap head"))->capture_default_str();
   sample_cmd->add_option("--attention-json", s.attention_json,
                          "write that head's weights as JSON (for scripts/plot.py)");
   sample_cmd->add_option("--device", s.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default")->capture_default_str();
+  integer(sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default"))->capture_default_str();
   sample_cmd->add_option("--data", s.data, "text task: the data file, if it moved");
 
   BenchArgs bench_args;
@@ -429,8 +450,15 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, like every other error: what is wrong, and where the options are listed.
+    std::fprintf(stderr, "error: %s (tinylm --help, or tinylm SUBCOMMAND --help, lists the options)\n",
+                 e.what());
+    return e.get_exit_code();
   }
 
   auto log = std::make_shared<spdlog::logger>("tinylm", std::make_shared<spdlog::sinks::stdout_sink_mt>());
