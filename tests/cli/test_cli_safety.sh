@@ -121,6 +121,15 @@ echo x > afile
 expect_one_line_error "out-dir is a file"   "exists and is not a directory" "$tinylm" train --out-dir afile
 expect_one_line_error "out-dir under a file" "cannot create out-dir" "$tinylm" train --out-dir afile/sub
 expect_one_line_error "out-dir name too long" "File name too long" "$tinylm" train --out-dir "$(printf 'x%.0s' $(seq 1 300))"
+# A read-only file system: a tmpfs mounted read-only (needs root; said when not possible).
+mkdir -p ro
+if mount -t tmpfs -o ro tmpfs ro 2> /dev/null; then
+  expect_one_line_error "out-dir on a read-only fs" "cannot create out-dir 'ro/run': Read-only file system" \
+    "$tinylm" train --out-dir ro/run
+  umount ro
+else
+  echo "NOT RUN out-dir on a read-only fs: cannot mount a tmpfs here (not root)"
+fi
 expect_one_line_error "out-dir under /proc" "cannot create out-dir '/proc/tinylm-test'" "$tinylm" train --out-dir /proc/tinylm-test
 
 [ "$(digest earlier)" = "$before" ] || fail "the earlier run's files changed"
