@@ -1,6 +1,6 @@
 // Catch2 runner. The library's progress logs are silenced to warnings in tests.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_compat.h"
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 

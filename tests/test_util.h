@@ -1,7 +1,7 @@
 // Helpers shared by the tests.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch_compat.h"
 #include <torch/torch.h>
 
 #include <string>

@@ -4,6 +4,7 @@
 #include <tinylm/nn/fused_attention.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <limits>
@@ -31,7 +32,36 @@ torch::Tensor attention_weights(const torch::Tensor& q, const torch::Tensor& k,
   return torch::softmax(scores, /*dim=*/-1);
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+constexpr bool kHaveSdpa = true;
+#else
+constexpr bool kHaveSdpa = false;
+#endif
+
+/// On the CPU, SDPA is chosen automatically only where the fused kernel does not apply
+/// and SDPA measured faster than the step-by-step path (tinylm bench, attention case).
+constexpr bool kSdpaBeatsPlainOnCpu = kHaveSdpa;
+
 }  // namespace
+
+bool sdpa_available() { return kHaveSdpa; }
+
+torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
+                                  double dropout_p) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
+              "sdpa_self_attention: expected qkv (B, T, 3D), got ", qkv.sizes());
+#if TORCH_VERSION_MAJOR >= 2
+  auto parts = qkv.chunk(3, /*dim=*/-1);                          // 3 x (B, T, D)
+  auto out = at::scaled_dot_product_attention(
+      split_heads(parts[0], n_heads), split_heads(parts[1], n_heads),
+      split_heads(parts[2], n_heads), /*attn_mask=*/{}, dropout_p, causal);  // (B, H, T, Dh)
+  return merge_heads(out);                                        // (B, T, D)
+#else
+  (void)n_heads, (void)causal, (void)dropout_p;
+  TORCH_CHECK(false, "sdpa_self_attention: needs LibTorch 2.0 or later, this is ",
+              TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR);
+#endif
+}
 
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads) {
   TORCH_CHECK(x.dim() == 3, "split_heads: expected (B, T, D), got rank ", x.dim());
@@ -100,17 +130,36 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
               " exceeds max_context_length ", options.max_context_length());
 
   auto qkv_all = qkv_proj(x);  // (B, T, 3D)
+
+  // Kernel choice, in this one place. The fused kernel's weights carry no gradient: when
+  // weights are asked for with autograd on, a loss may use them, so it does not apply.
   const bool dropout_active = is_training() && options.attn_dropout() > 0;
-  // The fused op's weights output carries no gradient: when weights are asked for with
-  // autograd on, a loss may use them, so the step-by-step path computes them instead.
   const bool weights_need_grad = return_weights && torch::GradMode::is_enabled();
-  if (options.fused() && !padding_mask.defined() && !dropout_active && !weights_need_grad &&
-      fused_attention_supported(qkv_all)) {
+  const bool fused_applies = !padding_mask.defined() && !dropout_active && !weights_need_grad &&
+                             fused_attention_supported(qkv_all);
+  const bool sdpa_applies = kHaveSdpa && !padding_mask.defined() && !return_weights;
+  AttentionKernel kernel = AttentionKernel::plain;
+  switch (options.kernel()) {
+    case AttentionKernel::plain: break;
+    case AttentionKernel::fused: kernel = fused_applies ? AttentionKernel::fused : kernel; break;
+    case AttentionKernel::sdpa: kernel = sdpa_applies ? AttentionKernel::sdpa : kernel; break;
+    case AttentionKernel::automatic:
+      if (sdpa_applies && x.is_cuda()) kernel = AttentionKernel::sdpa;
+      else if (fused_applies) kernel = AttentionKernel::fused;
+      else if (sdpa_applies && kSdpaBeatsPlainOnCpu) kernel = AttentionKernel::sdpa;
+      break;
+  }
+  if (kernel == AttentionKernel::fused) {
     torch::Tensor weights;
     auto context = fused_self_attention(qkv_all, H, options.causal(),
                                         return_weights ? &weights : nullptr);  // (B, T, D)
     auto out = torch::dropout(out_proj(context), options.out_dropout(), is_training());
     return {out, weights};
+  }
+  if (kernel == AttentionKernel::sdpa) {
+    auto context = sdpa_self_attention(qkv_all, H, options.causal(),
+                                       dropout_active ? options.attn_dropout() : 0.0);  // (B, T, D)
+    return {torch::dropout(out_proj(context), options.out_dropout(), is_training()), {}};
   }
 
   auto qkv = qkv_all.chunk(3, /*dim=*/-1);      // 3 x (B, T, D)

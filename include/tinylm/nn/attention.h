@@ -12,6 +12,24 @@
 
 namespace tinylm::nn {
 
+/// Which computation MultiHeadSelfAttention runs from the QKV projection to the merged
+/// heads. All compute the same function; a kernel that does not apply to a call (see
+/// each) falls back to the step-by-step path.
+enum class AttentionKernel {
+  /// The fastest that applies: on CUDA, at::scaled_dot_product_attention (LibTorch >= 2);
+  /// on the CPU, tinylm's fused kernel (float32), else SDPA where it measured faster than
+  /// the step-by-step path (LibTorch >= 2), else step by step.
+  automatic,
+  /// Step by step: scores, mask, softmax, dropout, weighted sum. Always applies.
+  plain,
+  /// tinylm's fused CPU kernel (nn/fused_attention.h): float32 on the CPU, no padding
+  /// mask, no attention dropout in training, no weights asked for with autograd on.
+  fused,
+  /// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA): needs
+  /// LibTorch >= 2, no padding mask, no weights asked for. Dropout is passed through.
+  sdpa,
+};
+
 struct MultiHeadSelfAttentionOptions {
   MultiHeadSelfAttentionOptions(int64_t d_model, int64_t n_heads, int64_t max_context_length)
       : d_model_(d_model), n_heads_(n_heads), max_context_length_(max_context_length) {}
@@ -26,10 +44,16 @@ struct MultiHeadSelfAttentionOptions {
   TORCH_ARG(bool, causal) = true;
   /// Biases on the QKV and output projections.
   TORCH_ARG(bool, bias) = true;
-  /// Use the fused CPU kernel (nn/fused_attention.h) where it applies: float32 on the
-  /// CPU, no padding mask, no attention dropout in training. false = always the
-  /// step-by-step path. Both compute the same function.
-  TORCH_ARG(bool, fused) = true;
+
+ public:
+  /// Shorthand for kernel(): true = automatic, false = plain (always step by step).
+  MultiHeadSelfAttentionOptions& fused(bool on) {
+    kernel_ = on ? AttentionKernel::automatic : AttentionKernel::plain;
+    return *this;
+  }
+  bool fused() const { return kernel_ != AttentionKernel::plain; }
+  /// The attention kernel (see AttentionKernel). Default: the fastest that applies.
+  TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
 };
 
 /// What attention returns: the output (B, T, D) and, when asked, weights (B, H, T, T).
@@ -42,6 +66,15 @@ struct AttentionOutput {
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads);
 /// (B, H, T, Dh) -> (B, T, H*Dh): the inverse of split_heads.
 torch::Tensor merge_heads(const torch::Tensor& x);
+
+/// Whether this LibTorch has at::scaled_dot_product_attention (2.0 and later).
+bool sdpa_available();
+
+/// Self-attention through at::scaled_dot_product_attention: qkv (B, T, 3D) as the fused
+/// projection gives it -> merged heads (B, T, D), with the causal flag and dropout (0 =
+/// none) passed through. Throws where sdpa_available() is false.
+torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
+                                  double dropout_p = 0.0);
 
 class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAttentionImpl> {
  public:
