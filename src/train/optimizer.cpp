@@ -19,7 +19,7 @@ bool is_decayed(const std::string& name, const torch::Tensor& p) {
 namespace {
 
 /// One tensor of `state`, checked to exist with the given shape and dtype.
-const torch::Tensor& entry(const TensorMap& state, const std::string& key, torch::IntArrayRef shape,
+torch::Tensor entry(const TensorMap& state, const std::string& key, torch::IntArrayRef shape,
                            torch::ScalarType dtype) {
   auto it = state.find(key);
   TORCH_CHECK(it != state.end(), "optimizer state lacks '", key, "'");
@@ -92,7 +92,10 @@ class TorchAdam final : public Optimizer {
     if (decoupled_) load_as<torch::optim::AdamWParamState>(state);
     else load_as<torch::optim::AdamParamState>(state);
   }
-  void load_legacy(torch::serialize::InputArchive& a) override { impl_->load(a); }
+  void load_legacy(torch::serialize::InputArchive& a) override {
+    if (decoupled_) load_legacy_as<torch::optim::AdamWParamState>(a);
+    else load_legacy_as<torch::optim::AdamParamState>(a);
+  }
   std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
 
  private:
@@ -138,6 +141,51 @@ class TorchAdam final : public Optimizer {
     }
     TORCH_CHECK(used == in.size(), "optimizer state holds ", in.size() - used,
                 " entries for parameters this model does not have");
+    auto& state = impl_->state();
+    state.clear();
+    for (auto& [key, s] : loaded) state[key] = std::move(s);
+  }
+
+  /// Format 1 held LibTorch's own optimizer archive: per-parameter state filed under the
+  /// saving process's TensorImpl addresses, and each group's list of those addresses in
+  /// parameter order. Read here, not through Optimizer::load, whose mapping from the old
+  /// addresses to this process's parameters differs between LibTorch 1.x and 2.x.
+  template <typename ParamState>
+  void load_legacy_as(torch::serialize::InputArchive& a) {
+    torch::serialize::InputArchive states, groups;
+    torch::Tensor n_groups;
+    TORCH_CHECK(a.try_read("state", states) && a.try_read("param_groups", groups) &&
+                    groups.try_read("param_groups/size", n_groups) && n_groups.numel() == 1,
+                "the optimizer archive is incomplete");
+    const auto& ours = impl_->param_groups();
+    TORCH_CHECK(n_groups.item<int64_t>() == static_cast<int64_t>(ours.size()), "the archive has ",
+                n_groups.item<int64_t>(), " parameter groups, this optimizer ", ours.size());
+    std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
+    for (size_t g = 0; g < ours.size(); ++g) {
+      torch::serialize::InputArchive group;
+      torch::Tensor size;
+      const auto& params = ours[g].params();
+      TORCH_CHECK(groups.try_read("param_groups/" + std::to_string(g), group) &&
+                      group.try_read("params/size", size) && size.numel() == 1 &&
+                      size.item<int64_t>() == static_cast<int64_t>(params.size()),
+                  "parameter group ", g, " of the archive does not match this optimizer's");
+      for (size_t i = 0; i < params.size(); ++i) {
+        c10::IValue old_key;
+        TORCH_CHECK(group.try_read("params/" + std::to_string(i), old_key) && old_key.isString(),
+                    "parameter group ", g, " of the archive lacks entry ", i);
+        torch::serialize::InputArchive saved;
+        if (!states.try_read(old_key.toStringRef(), saved)) continue;  // never updated
+        auto s = std::make_unique<ParamState>();
+        s->serialize(saved);
+        TORCH_CHECK(s->exp_avg().sizes() == params[i].sizes() &&
+                        s->exp_avg_sq().sizes() == params[i].sizes(),
+                    "the archive's state for a parameter of shape ", params[i].sizes(), " has shape ",
+                    s->exp_avg().sizes());
+        s->exp_avg(s->exp_avg().to(params[i].device()));
+        s->exp_avg_sq(s->exp_avg_sq().to(params[i].device()));
+        loaded.emplace_back(state_key<Key>(params[i]), std::move(s));
+      }
+    }
     auto& state = impl_->state();
     state.clear();
     for (auto& [key, s] : loaded) state[key] = std::move(s);
@@ -239,12 +287,12 @@ class FlatAdam final : public Optimizer {
   void load_state_dict(const TensorMap& state) override {
     TORCH_CHECK(state.size() == 4, "flat Adam state has ", state.size(),
                 " entries, expected 4 (step, exp_avg, exp_avg_sq, numels)");
-    const auto& numels = entry(state, "numels", {static_cast<int64_t>(numels_.size())}, torch::kLong);
+    const auto numels = entry(state, "numels", {static_cast<int64_t>(numels_.size())}, torch::kLong);
     TORCH_CHECK(torch::equal(numels, torch::tensor(numels_, torch::kLong)),
                 "flat Adam state was saved for parameters of other sizes");
     const int64_t step = step_entry(state, "step");
-    const auto& m = entry(state, "exp_avg", exp_avg_.sizes(), exp_avg_.scalar_type());
-    const auto& v = entry(state, "exp_avg_sq", exp_avg_sq_.sizes(), exp_avg_sq_.scalar_type());
+    const auto m = entry(state, "exp_avg", exp_avg_.sizes(), exp_avg_.scalar_type());
+    const auto v = entry(state, "exp_avg_sq", exp_avg_sq_.sizes(), exp_avg_sq_.scalar_type());
     torch::NoGradGuard no_grad;
     exp_avg_.copy_(m);
     exp_avg_sq_.copy_(v);

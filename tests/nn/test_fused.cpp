@@ -22,7 +22,8 @@ TEST_CASE("fused attention equals the step-by-step path, forward and backward",
   INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal);
   torch::manual_seed(B * 100 + T);
   MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
-  MultiHeadSelfAttention fused(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(true));
+  MultiHeadSelfAttention fused(
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused));
   {
     torch::NoGradGuard g;
     auto src = plain->named_parameters();

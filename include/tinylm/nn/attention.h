@@ -16,9 +16,9 @@ namespace tinylm::nn {
 /// heads. All compute the same function; a kernel that does not apply to a call (see
 /// each) falls back to the step-by-step path.
 enum class AttentionKernel {
-  /// The fastest that applies: on CUDA, at::scaled_dot_product_attention (LibTorch >= 2);
-  /// on the CPU, tinylm's fused kernel (float32), else SDPA where it measured faster than
-  /// the step-by-step path (LibTorch >= 2), else step by step.
+  /// The fastest that applies, as measured: with LibTorch >= 2, SDPA on CUDA and on the
+  /// CPU from T = 64; otherwise tinylm's fused CPU kernel (float32); otherwise SDPA
+  /// (LibTorch >= 2); otherwise step by step.
   automatic,
   /// Step by step: scores, mask, softmax, dropout, weighted sum. Always applies.
   plain,
