@@ -4,6 +4,7 @@
 #include "catch_compat.h"
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <string>
 
 namespace tinylm::test {
@@ -19,6 +20,14 @@ std::string error_message(F&& f) {
   }
   FAIL("expected a c10::Error, nothing was thrown");
   return {};
+}
+
+/// An empty scratch directory for one test: $TMPDIR/tinylm_test_<name>, emptied first.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("tinylm_test_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 /// Largest absolute difference between two tensors.

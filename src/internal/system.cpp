@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -104,9 +103,10 @@ std::string printable(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   auto hex = [&](unsigned char c) {
-    char buf[5];
-    std::snprintf(buf, sizeof buf, "\\x%02X", c);
-    out += buf;
+    const char* digits = "0123456789ABCDEF";
+    out += "\\x";
+    out += digits[c >> 4];
+    out += digits[c & 0xF];
   };
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);

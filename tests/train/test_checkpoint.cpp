@@ -21,12 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("tinylm_ckpt_test_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& name) { return tinylm::test::scratch_dir("ckpt_" + name); }
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

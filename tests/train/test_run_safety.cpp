@@ -24,12 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("tinylm_safety_test_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& name) { return tinylm::test::scratch_dir("safety_" + name); }
 
 /// Every file in `dir` with its bytes.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
@@ -194,31 +189,4 @@ TEST_CASE("a tiny temperature samples the most likely token instead of failing",
   CHECK_FALSE(torch::isnan(p).any().item<bool>());
   CHECK(p[0][1].item<float>() == 1.0f);
   CHECK(p.sum().item<float>() == Approx(1.0f));
-}
-
-TEST_CASE("diverging training names a checkpoint that is finite", "[train][errors]") {
-  const auto dir = scratch("diverge");
-  RunConfig c = short_run(dir);
-  c.model = "transformer";
-  c.epochs = 4;
-  c.save_every = 2;
-  c.log_every = 1;
-  Trainer poisoned(c);
-  // After step 5 the weights are poisoned, as a huge learning rate would leave them.
-  poisoned.on_progress = [&](const StepRecord& rec) {
-    if (rec.step == 5) {
-      torch::NoGradGuard no_grad;
-      poisoned.model()->named_parameters()["ln_f.weight"].fill_(INFINITY);
-    }
-  };
-  const std::string msg = error_message([&] { poisoned.fit(); });
-  INFO(msg);
-  CHECK_THAT(msg, Catch::Contains("the last good checkpoint is"));
-  const std::string named = msg.substr(msg.rfind("the last good checkpoint is ") + 28);
-  CHECK(fs::path(named).filename() == "step-00000004.ckpt");
-  auto ck = read_checkpoint(named);
-  auto model = build_model(ck.config);
-  load_model_state(ck, *model);  // refuses non-finite weights: this one is good
-  for (const auto& e : fs::directory_iterator(dir))
-    CHECK(e.path().filename().string().find("step-00000006") == std::string::npos);
 }
