@@ -43,7 +43,7 @@ std::string suggestion(const std::string& key) {
     if (d < best_d) best_d = d, best = &f;
   }
   if (best && best_d <= 3) return std::string(" (did you mean '") + best->name + "'?)";
-  return " (tinylm train --print-config lists every key)";
+  return " (a printed config lists every key)";
 }
 
 std::string format_double(double v) {

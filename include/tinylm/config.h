@@ -70,7 +70,7 @@ struct RunConfig {
 struct ConfigField {
   using Member = std::variant<int64_t RunConfig::*, double RunConfig::*, bool RunConfig::*,
                               std::string RunConfig::*>;
-  const char* name;   // "d-model": TOML key and --d-model
+  const char* name;   // "d-model": the TOML key, and the long option the CLI makes of it
   const char* group;  // model | task | optim | run
   const char* help;
   Member member;

@@ -118,7 +118,7 @@ torch::Tensor Task::encode(const std::string& prompt) const {
                 vocab_size(), ") for task ", name());
     ids.push_back(id);
   }
-  TORCH_CHECK(!ids.empty(), "prompt is empty: give at least one token id, e.g. --prompt \"3 3 3\"");
+  TORCH_CHECK(!ids.empty(), "prompt is empty: give at least one token id, e.g. the prompt \"3 3 3\"");
   return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)
 }
 
@@ -163,7 +163,7 @@ Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen, torc
 }
 
 torch::Tensor TextTask::encode(const std::string& prompt) const {
-  TORCH_CHECK(!prompt.empty(), "prompt is empty: give some text, e.g. --prompt \"Once upon\"");
+  TORCH_CHECK(!prompt.empty(), "prompt is empty: give some text, e.g. the prompt \"Once upon\"");
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   for (auto& id : ids) id &= 0xFF;  // bytes, not signed chars
   return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)

@@ -119,7 +119,7 @@ torch::Device resolve_device(const std::string& spec) {
   TORCH_CHECK(cuda, "unknown device '", spec, "': use auto, cpu, cuda or cuda:N");
   TORCH_CHECK(torch::cuda::is_available(), "device '", spec,
               "' asked for, but CUDA is not available here (no GPU, or a CPU-only LibTorch); "
-              "use --device cpu or --device auto");
+              "set device to cpu or auto");
   int64_t index = 0;
   if (spec != "cuda") {
     const std::string digits = spec.substr(5);
@@ -209,7 +209,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)), device_(torch::
   internal::check_thread_count(config_.threads);
   device_ = resolve_device(config_.device);
   TORCH_CHECK(!config_.bf16 || device_.is_cuda(),
-              "bf16 autocast needs a CUDA device; drop --bf16 or use --device cuda");
+              "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
   // Before anything large is allocated: a run that cannot fit is refused here.
   check_memory(config_, config_.batch_size, /*training=*/true, device_.is_cuda());
   set_cpu_threads(static_cast<int>(config_.threads));
@@ -230,11 +230,11 @@ void Trainer::resume(const Checkpoint& ck) {
   load_model_state(ck, *model_);
   TORCH_CHECK(ck.config.optimizer == config_.optimizer, "checkpoint '", ck.path,
               "' was trained with optimizer '", ck.config.optimizer, "', not '", config_.optimizer,
-              "': resume with --optimizer ", ck.config.optimizer);
+              "': resume with optimizer ", ck.config.optimizer);
   load_optimizer_state(ck, *optimizer_);
   TORCH_CHECK(ck.state.step <= config_.total_steps(), "checkpoint '", ck.path, "' is at step ",
               ck.state.step, ", past this run's last step ", config_.total_steps(),
-              ": raise --epochs or --steps-per-epoch to train further");
+              ": raise epochs or steps-per-epoch to train further");
   state_ = ck.state;
   resumed_ = true;
   if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
@@ -314,8 +314,8 @@ double Trainer::train_step(double* grad_norm) {
   }
   // Checked before the update, so the weights (and any checkpoint) stay good.
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
-              state_.step + 1, " (lr ", lr, "): training stopped. Try a lower --lr, "
-              "--grad-clip 1.0, or --warmup-steps");
+              state_.step + 1, " (lr ", lr, "): training stopped. Try a lower lr, "
+              "grad-clip 1.0, or warmup-steps");
   const double norm = config_.grad_clip > 0 ? optimizer_->clip_grad_norm(config_.grad_clip) : 0.0;
   if (grad_norm) *grad_norm = norm;
   optimizer_->step(lr);

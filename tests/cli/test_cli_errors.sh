@@ -72,7 +72,7 @@ expect_error "checkpoint newer"      "upgrade tinylm"      "$tinylm" eval newer.
 mkdir -p empty
 expect_error "run dir without ckpt"  "holds no step-*.ckpt" "$tinylm" eval empty
 expect_error "resume, other shape"   "does not fit the model" "$tinylm" train --resume good --d-model 64
-expect_error "resume, other optim"   "resume with --optimizer adam" "$tinylm" train --resume good --optimizer adamw
+expect_error "resume, other optim"   "resume with optimizer adam" "$tinylm" train --resume good --optimizer adamw
 expect_error "resume past the end"   "past this run's last step" "$tinylm" train --resume good --steps-per-epoch 2
 
 # ---- data files
