@@ -2,7 +2,10 @@
 // Every figure is a median over repetitions after warm-up, with min and max.
 #include "bench.h"
 
+#include <tinylm/run.h>
 #include <tinylm/tinylm.h>
+
+#include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -42,21 +46,32 @@ Stats time_per_call(const std::function<void()>& fn, int warmup, int reps, int i
 }
 
 /// A rate from a per-call time: value = scale / seconds (so min/max swap).
-void emit(const std::string& name, const std::string& metric, const std::string& unit, double scale,
-          const Stats& s, const std::string& config) {
-  std::printf("{\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"min\":%.6g,"
-              "\"max\":%.6g,\"reps\":%d,\"threads\":%d,\"config\":%s}\n",
-              name.c_str(), metric.c_str(), scale / s.median, unit.c_str(), scale / s.max,
-              scale / s.min, s.reps, at::get_num_threads(), config.c_str());
+using Json = nlohmann::ordered_json;
+
+/// Six significant digits, as the figures are quoted.
+double rounded(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return std::strtod(text, nullptr);
+}
+
+void print_line(const Json& line) {
+  std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
 }
 
+/// A rate from a per-call time: value = scale / seconds (so min/max swap).
+void emit(const std::string& name, const std::string& metric, const std::string& unit, double scale,
+          const Stats& s, const Json& config) {
+  print_line({{"case", name}, {"metric", metric}, {"value", rounded(scale / s.median)},
+              {"unit", unit}, {"min", rounded(scale / s.max)}, {"max", rounded(scale / s.min)},
+              {"reps", s.reps}, {"threads", at::get_num_threads()}, {"config", config}});
+}
+
 void emit_value(const std::string& name, const std::string& metric, const std::string& unit,
-                double value, const std::string& config) {
-  std::printf("{\"case\":\"%s\",\"metric\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"threads\":%d,"
-              "\"config\":%s}\n",
-              name.c_str(), metric.c_str(), value, unit.c_str(), at::get_num_threads(), config.c_str());
-  std::fflush(stdout);
+                double value, const Json& config) {
+  print_line({{"case", name}, {"metric", metric}, {"value", rounded(value)}, {"unit", unit},
+              {"threads", at::get_num_threads()}, {"config", config}});
 }
 
 double peak_rss_mib() {
@@ -77,7 +92,7 @@ std::string scratch_dir() {
   return dir.string();
 }
 
-/// The thread count every case runs with (the Trainer applies its config's).
+/// The thread count every case runs with (run_bench sets it; the configs record it).
 int64_t g_threads = 1;
 
 RunConfig p1_config() {  // the reference run
@@ -105,14 +120,11 @@ RunConfig p2_config() {  // the medium model
   return c;
 }
 
-std::string describe(const RunConfig& c) {
-  std::ostringstream os;
-  os << "{\"model\":\"" << c.model << "\",\"vocab\":" << c.vocab_size << ",\"d_model\":" << c.d_model
-     << ",\"heads\":" << c.n_heads << ",\"layers\":" << (c.model == "tiny" ? 1 : c.n_layers)
-     << ",\"seq\":" << c.seq_len << ",\"batch\":" << c.batch_size << ",\"optimizer\":\"" << c.optimizer
-     << "\",\"fused_attention\":" << (c.fused_attention ? "true" : "false")
-     << ",\"fused_optimizer\":" << (c.fused_optimizer ? "true" : "false") << "}";
-  return os.str();
+Json describe(const RunConfig& c) {
+  return {{"model", c.model}, {"vocab", c.vocab_size}, {"d_model", c.d_model},
+          {"heads", c.n_heads}, {"layers", c.model == "tiny" ? 1 : c.n_layers},
+          {"seq", c.seq_len}, {"batch", c.batch_size}, {"optimizer", c.optimizer},
+          {"fused_attention", c.fused_attention}, {"fused_optimizer", c.fused_optimizer}};
 }
 
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
@@ -129,7 +141,7 @@ double matmul_peak(bool quick) {
   auto s = time_per_call([&] { torch::mm_out(out, a, b); }, quick ? 1 : 3, quick ? 3 : 9, quick ? 1 : 3);
   const double flops = 2.0 * n * n * n;
   emit("peak", "matmul_gflops", "GFLOP/s", flops / 1e9, s,
-       "{\"op\":\"mm\",\"n\":" + std::to_string(n) + ",\"dtype\":\"float32\"}");
+       Json{{"op", "mm"}, {"n", n}, {"dtype", "float32"}});
   return flops / 1e9 / s.median;
 }
 
@@ -137,7 +149,7 @@ void bench_p1(bool quick) {
   for (bool fused : {true, false}) {
     RunConfig c = p1_config();
     c.fused_attention = c.fused_optimizer = fused;
-    train::Trainer t(c);
+    train::Trainer t = make_trainer(c);
     auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
     emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
     std::filesystem::remove_all(c.out_dir);
@@ -151,7 +163,7 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
     c.seq_len = 32;
     c.batch_size = 4;
   }
-  train::Trainer t(c);
+  train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
   const double tokens = static_cast<double>(c.batch_size * c.seq_len);
   emit("p2", "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
@@ -175,9 +187,8 @@ void bench_p3(bool quick) {
   nn::TransformerLM model(nn::TransformerLMOptions(256, C, 256, 8, quick ? 1 : 4));
   model->eval();
   auto prompt = torch::randint(256, {1, prompt_len}, torch::kLong);
-  const std::string config = "{\"model\":\"transformer\",\"context\":256,\"d_model\":256,\"heads\":8,"
-                             "\"layers\":" + std::to_string(quick ? 1 : 4) + ",\"prompt\":16,\"new_tokens\":" +
-                             std::to_string(new_tokens) + "}";
+  const Json config = {{"model", "transformer"}, {"context", 256}, {"d_model", 256}, {"heads", 8},
+                       {"layers", quick ? 1 : 4}, {"prompt", 16}, {"new_tokens", new_tokens}};
   torch::Tensor outputs[2];
   Stats stats[2];
   for (int cached = 1; cached >= 0; --cached) {
@@ -205,8 +216,7 @@ void bench_attention(bool quick) {
                                  {nn::AttentionKernel::fused, "fused"}};
   if (nn::sdpa_available()) kernels.push_back({nn::AttentionKernel::sdpa, "sdpa"});
   for (const auto& z : sizes) {
-    std::ostringstream size;
-    size << "\"B\":" << z.B << ",\"T\":" << z.T << ",\"D\":" << z.D << ",\"H\":" << z.H;
+    const Json size = {{"B", z.B}, {"T", z.T}, {"D", z.D}, {"H", z.H}};
     std::map<std::string, double> median;
     // Rounds alternate the kernels, so a noisy machine slows all of them alike.
     const int rounds = quick ? 1 : 3;
@@ -225,15 +235,16 @@ void bench_attention(bool quick) {
         if (round == rounds - 1) {
           Stats mean = s;
           mean.median = median[k.name];
-          emit(std::string("attention_") + k.name, "fwd_bwd_per_s", "calls/s", 1.0, mean,
-               "{" + size.str() + ",\"path\":\"" + k.name + "\"}");
+          Json config = size;
+          config["path"] = k.name;
+          emit(std::string("attention_") + k.name, "fwd_bwd_per_s", "calls/s", 1.0, mean, config);
         }
       }
     }
     for (const auto& k : kernels) {
       if (std::string(k.name) == "fused") continue;
       emit_value(std::string("attention_fused_vs_") + k.name, "speedup", "x",
-                 median[k.name] / median["fused"], "{" + size.str() + "}");
+                 median[k.name] / median["fused"], size);
     }
   }
 }
@@ -242,7 +253,7 @@ void bench_attention(bool quick) {
 
 int run_bench(const BenchArgs& a) {
   TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
-  set_cpu_threads(static_cast<int>(a.threads));
+  set_cpu_threads(a.threads);
   g_threads = a.threads;
   auto wants = [&](const std::string& name) {
     std::string list = "," + a.cases + ",";

@@ -168,7 +168,7 @@ std::pair<data::Batch, nn::LMOutput> look_at_batch(train::Trainer& trainer, int6
                                                    uint64_t seed) {
   auto& model = *trainer.model();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto batch = trainer.task().sample(rows, data::Split::validation, gen, torch::kCPU);
+  auto batch = trainer.task().sample(rows, data::Split::validation, gen);
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -180,7 +180,7 @@ std::pair<data::Batch, nn::LMOutput> look_at_batch(train::Trainer& trainer, int6
 /// The reference demo's checks on one batch: shape contract and causal check.
 void print_contracts(train::Trainer& trainer) {
   auto log = logger();
-  auto [batch, out] = look_at_batch(trainer, trainer.config().batch_size, 0);
+  auto [batch, out] = look_at_batch(trainer, trainer.options().batch_size(), 0);
   log->info("shape contract: ids {} -> logits {}, attention {} x {}", shape(batch.inputs),
             shape(out.logits), out.attention.size(), shape(out.attention.front()));
   CausalCheck worst;
@@ -208,7 +208,11 @@ int run_train(const TrainArgs& args) {
     TORCH_CHECK(args.config_path.empty(), "--config and --resume together: a checkpoint carries "
                 "its own config; override single keys with flags instead");
     ck = train::read_checkpoint(train::resolve_checkpoint_path(args.resume));
-    cfg = effective_config(args, ck->config, &out_dir_chosen);
+    const RunConfig stored = config_from_checkpoint(*ck);
+    cfg = effective_config(args, stored, &out_dir_chosen);
+    TORCH_CHECK(cfg.optimizer == stored.optimizer, "checkpoint '", ck->path,
+                "' was trained with optimizer '", stored.optimizer, "', not '", cfg.optimizer,
+                "': resume with optimizer ", stored.optimizer);
     // A resumed run writes next to the checkpoint it resumes (a copied run directory
     // stays the copy), never into the directory stored in the checkpoint.
     if (!out_dir_chosen) {
@@ -223,8 +227,9 @@ int run_train(const TrainArgs& args) {
     std::cout << to_toml(cfg);
     return 0;
   }
-  // Every check before any output: settings, memory, data, checkpoint fit, out-dir.
-  train::Trainer trainer(cfg);
+  // Every check before any output: settings, memory, data, threads, checkpoint fit, out-dir.
+  train::Trainer trainer = make_trainer(cfg);
+  set_cpu_threads(cfg.threads);
   if (ck) trainer.resume(*ck);
   trainer.set_run_directory(claim_out_dir(args, cfg, ck ? &*ck : nullptr));
   print_model_facts(cfg, *trainer.model(), trainer.device());
@@ -257,6 +262,7 @@ int run_train(const TrainArgs& args) {
 
 struct LoadedRun {
   train::Checkpoint checkpoint;
+  RunConfig config;  // the one it was trained with
   nn::LanguageModel model;
   std::unique_ptr<data::Task> task;
   torch::Device device = torch::kCPU;
@@ -265,26 +271,27 @@ struct LoadedRun {
 LoadedRun load_run(const std::string& path, const std::string& device, int64_t threads,
                    const std::string& data_override) {
   TORCH_CHECK(threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", threads);
-  set_cpu_threads(static_cast<int>(threads));
+  set_cpu_threads(threads);
   LoadedRun run;
   run.checkpoint = train::read_checkpoint(train::resolve_checkpoint_path(path));
-  auto cfg = run.checkpoint.config;
+  run.config = config_from_checkpoint(run.checkpoint);
+  auto& cfg = run.config;
   if (!data_override.empty()) cfg.data = data_override;
   run.device = train::resolve_device(device);
   train::check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
-  run.model = train::build_model(cfg);
+  run.model = nn::build_model(run.checkpoint.architecture);
   train::load_model_state(run.checkpoint, *run.model);
   run.model->to(run.device);
   run.model->eval();
   if (cfg.task == "text") {
     try {
-      run.task = data::make_task(cfg);
+      run.task = make_task(cfg);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, e.what_without_backtrace(),
                   data_override.empty() ? " (the checkpoint's text data file; pass --data PATH if it moved)" : "");
     }
   } else {
-    run.task = data::make_task(cfg);
+    run.task = make_task(cfg);
   }
   return run;
 }
@@ -300,7 +307,7 @@ int run_eval(const EvalArgs& a) {
   TORCH_CHECK(a.batch_size >= 0, "--batch-size must be >= 1 (0 = the checkpoint's), got ", a.batch_size);
   TORCH_CHECK(a.seed >= 0, "--seed must be >= 0, got ", a.seed);
   auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
-  const auto& cfg = run.checkpoint.config;
+  const auto& cfg = run.config;
   const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
   train::check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
   auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
@@ -367,18 +374,22 @@ int run_sample(const SampleArgs& a) {
                   static_cast<long long>(window.size(1)), ascii_heatmap(w).c_str());
     }
     if (!a.attention_json.empty()) {
+      auto ids = window.to(torch::kCPU).reshape({-1});
+      const nlohmann::ordered_json doc = {
+          {"layer", layer},
+          {"head", a.head},
+          {"tokens", std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel())},
+          {"weights", [&] {
+             auto rows = nlohmann::json::array();
+             auto wc = w.contiguous();
+             for (int64_t i = 0; i < wc.size(0); ++i)
+               rows.push_back(std::vector<float>(wc[i].data_ptr<float>(), wc[i].data_ptr<float>() + wc.size(1)));
+             return rows;
+           }()}};
       std::ofstream f(a.attention_json);
       TORCH_CHECK(f, "cannot write '", a.attention_json, "'");
-      f << "{\"layer\":" << layer << ",\"head\":" << a.head << ",\"tokens\":[";
-      auto ids = window.to(torch::kCPU).reshape({-1});
-      for (int64_t i = 0; i < ids.numel(); ++i) f << (i ? "," : "") << ids[i].item<int64_t>();
-      f << "],\"weights\":[";
-      for (int64_t i = 0; i < w.size(0); ++i) {
-        f << (i ? "," : "") << "[";
-        for (int64_t j = 0; j < w.size(1); ++j) f << (j ? "," : "") << w[i][j].item<float>();
-        f << "]";
-      }
-      f << "]}\n";
+      f << doc.dump() << "\n";
+      TORCH_CHECK(f.flush(), "cannot write '", a.attention_json, "'");
     }
   }
   return 0;

@@ -171,7 +171,7 @@ std::string to_toml(const RunConfig& config) {
 }
 
 std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
-                                    const std::string& origin) {
+                                    const std::string& origin, std::vector<std::string>* unknown) {
   toml::table table;
   try {
     table = toml::parse(text, origin);
@@ -185,6 +185,10 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
                 node.source().begin.line, ": [", key,
                 "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");
     const ConfigField* field = find_config_field(key);
+    if (!field && unknown) {
+      unknown->push_back(key);
+      continue;
+    }
     TORCH_CHECK(field, origin, ": unknown key '", internal::printable(key), "'", suggestion(key));
     const auto line = node.source().begin.line;
     std::visit(

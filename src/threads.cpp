@@ -10,10 +10,10 @@
 
 namespace tinylm {
 
-bool set_cpu_threads(int n) {
+bool set_cpu_threads(int64_t n) {
   if (n <= 0) return false;
   internal::check_thread_count(n);
-  at::set_num_threads(n);
+  at::set_num_threads(static_cast<int>(n));
   // OpenBLAS is already loaded (LibTorch links libblas.so.3); look its setter up.
   using SetThreads = void (*)(int);
   auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
@@ -23,7 +23,7 @@ bool set_cpu_threads(int n) {
     }
   }
   if (!set) return false;
-  set(n);
+  set(static_cast<int>(n));
   return true;
 }
 

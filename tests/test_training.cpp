@@ -25,7 +25,7 @@ TEST_CASE("repeat task: each row is one id repeated, targets are inputs shifted"
 TEST_CASE("TinyAttentionLM learns the repeat task", "[train][repeat][slow]") {
   torch::manual_seed(0);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  nn::TinyAttentionLM model(nn::TinyAttentionLMOptions(32, 16, 4, 10));
+  nn::TinyAttentionLM model(nn::TinyAttentionLMOptions(32, 10, 16, 4));
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(5e-3));
   double first = 0, last = 0;
   for (int step = 0; step < 150; ++step) {

@@ -87,10 +87,12 @@ void validate(const RunConfig& config);
 std::string to_toml(const RunConfig& config);
 
 /// Applies the keys of a TOML document onto `config`. Unknown keys, nested tables and
-/// wrong value types are errors naming `origin` (a file name), the key and the fix.
-/// Returns the names of the keys that were set.
+/// wrong value types are errors naming `origin` (a file name), the key and the fix;
+/// with `unknown` given, unknown keys are collected there instead (a stored config read
+/// by a later tinylm). Returns the names of the keys that were set.
 std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
-                                    const std::string& origin);
+                                    const std::string& origin,
+                                    std::vector<std::string>* unknown = nullptr);
 
 /// Reads a TOML file (missing or unreadable file: an error naming it).
 std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& path);

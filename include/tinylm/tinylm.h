@@ -6,12 +6,11 @@
 #include <tinylm/generate.h>
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
-#include <tinylm/nn/fused_attention.h>
-#include <tinylm/nn/fused_tiny_lm.h>
 #include <tinylm/nn/embedding.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/report.h>
+#include <tinylm/run.h>
 #include <tinylm/threads.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>

@@ -1,5 +1,4 @@
 // Tasks. B = batch, T = sequence length, V = vocab size, h = prefix length
-#include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 
 #include "internal/system.h"
@@ -36,37 +35,30 @@ Batch shift(const torch::Tensor& rows, int64_t first_scored) {
   return b;
 }
 
-class RepeatTask : public Task {
- public:
-  RepeatTask(int64_t seq_len, int64_t vocab) : T_(seq_len), V_(vocab) {}
-  std::string name() const override { return "repeat"; }
-  int64_t vocab_size() const override { return V_; }
-  int64_t seq_len() const override { return T_; }
-  Batch sample(int64_t B, Split, at::Generator& gen, torch::Device device) override {
-    return repeat_batch(B, T_, V_, gen, device);
-  }
-
- private:
-  int64_t T_, V_;
-};
-
-class TransformTask : public Task {
- public:
-  TransformTask(std::string kind, int64_t seq_len, int64_t vocab)
-      : kind_(std::move(kind)), T_(seq_len), V_(vocab) {}
-  std::string name() const override { return kind_; }
-  int64_t vocab_size() const override { return V_; }
-  int64_t seq_len() const override { return T_; }
-  Batch sample(int64_t B, Split, at::Generator& gen, torch::Device device) override {
-    return sequence_transform_batch(kind_, B, T_, V_, gen, device);
-  }
-
- private:
-  std::string kind_;
-  int64_t T_, V_;
-};
-
 }  // namespace
+
+// ---- the synthetic tasks ---------------------------------------------------------
+
+RepeatTask::RepeatTask(int64_t seq_len, int64_t vocab_size) : T_(seq_len), V_(vocab_size) {
+  TORCH_CHECK(seq_len >= 1, "repeat task: seq_len must be >= 1, got ", seq_len);
+  TORCH_CHECK(vocab_size >= 1, "repeat task: vocab_size must be >= 1, got ", vocab_size);
+}
+
+Batch RepeatTask::sample(int64_t batch_size, Split, at::Generator& gen) {
+  return repeat_batch(batch_size, T_, V_, gen);
+}
+
+SequenceTransformTask::SequenceTransformTask(std::string kind, int64_t seq_len, int64_t vocab_size)
+    : kind_(std::move(kind)), T_(seq_len), V_(vocab_size) {
+  TORCH_CHECK(kind_ == "copy" || kind_ == "reverse" || kind_ == "sort",
+              "unknown sequence task '", kind_, "': use copy, reverse or sort");
+  TORCH_CHECK(seq_len >= 3, kind_, " task: seq_len must be >= 3, got ", seq_len);
+  TORCH_CHECK(vocab_size >= 2, kind_, " task: vocab_size must be >= 2, got ", vocab_size);
+}
+
+Batch SequenceTransformTask::sample(int64_t batch_size, Split, at::Generator& gen) {
+  return sequence_transform_batch(kind_, batch_size, T_, V_, gen);
+}
 
 Batch repeat_batch(int64_t batch_size, int64_t seq_len, int64_t vocab_size, at::Generator& gen,
                    torch::Device device) {
@@ -153,12 +145,12 @@ TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction
   val_ = all.narrow(0, n_train, n_val);
 }
 
-Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen, torch::Device device) {
+Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen) {
   const auto& data = split == Split::train ? train_ : val_;
   const int64_t n_windows = data.numel() - seq_len_;  // start offsets with T + 1 bytes after them
   auto starts = torch::randint(n_windows, {batch_size, 1}, gen, torch::kLong);    // (B, 1)
   auto index = starts + torch::arange(seq_len_ + 1, torch::kLong).unsqueeze(0);   // (B, T + 1)
-  auto rows = data.take(index).to(torch::kLong).to(device);                       // (B, T + 1)
+  auto rows = data.take(index).to(torch::kLong);                                  // (B, T + 1)
   return shift(rows, 0);
 }
 
@@ -176,12 +168,5 @@ std::string TextTask::decode(const torch::Tensor& ids) const {
   return out;
 }
 
-std::unique_ptr<Task> make_task(const RunConfig& c) {
-  if (c.task == "repeat") return std::make_unique<RepeatTask>(c.seq_len, c.vocab_size);
-  if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
-    return std::make_unique<TransformTask>(c.task, c.seq_len, c.vocab_size);
-  if (c.task == "text") return std::make_unique<TextTask>(c.data, c.seq_len, c.val_fraction);
-  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort or text");
-}
 
 }  // namespace tinylm::data

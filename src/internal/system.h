@@ -2,6 +2,7 @@
 // showing user text in messages, and how much memory and how many CPUs there are.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,5 +35,8 @@ void check_thread_count(int64_t threads);
 
 /// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
 std::string human_bytes(double bytes);
+
+/// CRC-32 (IEEE 802.3), as zlib computes it: the checkpoint header's checksum.
+uint32_t crc32(const void* data, size_t size);
 
 }  // namespace tinylm::internal

@@ -1,7 +1,7 @@
 // Multi-head self-attention.
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
 #include <tinylm/nn/attention.h>
-#include <tinylm/nn/fused_attention.h>
+#include "nn/fused_attention.h"
 
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -119,6 +119,46 @@ void MultiHeadSelfAttentionImpl::pretty_print(std::ostream& os) const {
      << ")";
 }
 
+const char* to_string(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::automatic: return "automatic";
+    case AttentionKernel::plain: return "plain";
+    case AttentionKernel::fused: return "fused";
+    case AttentionKernel::sdpa: return "sdpa";
+  }
+  return "?";
+}
+
+AttentionKernel attention_kernel_from_string(const std::string& name) {
+  for (auto k : {AttentionKernel::automatic, AttentionKernel::plain, AttentionKernel::fused,
+                 AttentionKernel::sdpa})
+    if (name == to_string(k)) return k;
+  TORCH_CHECK(false, "unknown attention kernel '", name, "': use automatic, plain, fused or sdpa");
+}
+
+AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, bool return_weights,
+                                                       bool has_padding_mask) const {
+  // The fused kernel's weights carry no gradient: when weights are asked for with
+  // autograd on, a loss may use them, so it does not apply.
+  const bool dropout_active = is_training() && options.attn_dropout() > 0;
+  const bool weights_need_grad = return_weights && torch::GradMode::is_enabled();
+  const bool fused_applies = !has_padding_mask && !dropout_active && !weights_need_grad &&
+                             fused_attention_supported(x);  // x: the dtype and device of qkv
+  const bool sdpa_applies = kHaveSdpa && !has_padding_mask && !return_weights;
+  const int64_t T = x.dim() >= 2 ? x.size(1) : 0;
+  switch (options.kernel()) {
+    case AttentionKernel::plain: break;
+    case AttentionKernel::fused: if (fused_applies) return AttentionKernel::fused; break;
+    case AttentionKernel::sdpa: if (sdpa_applies) return AttentionKernel::sdpa; break;
+    case AttentionKernel::automatic:
+      if (sdpa_applies && (x.is_cuda() || T >= kSdpaCpuMinSeqLen)) return AttentionKernel::sdpa;
+      if (fused_applies) return AttentionKernel::fused;
+      if (sdpa_applies) return AttentionKernel::sdpa;
+      break;
+  }
+  return AttentionKernel::plain;
+}
+
 AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool return_weights,
                                                     const torch::Tensor& padding_mask) {
   const int64_t D = options.d_model(), H = options.n_heads();
@@ -133,24 +173,8 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
 
   auto qkv_all = qkv_proj(x);  // (B, T, 3D)
 
-  // Kernel choice, in this one place. The fused kernel's weights carry no gradient: when
-  // weights are asked for with autograd on, a loss may use them, so it does not apply.
   const bool dropout_active = is_training() && options.attn_dropout() > 0;
-  const bool weights_need_grad = return_weights && torch::GradMode::is_enabled();
-  const bool fused_applies = !padding_mask.defined() && !dropout_active && !weights_need_grad &&
-                             fused_attention_supported(qkv_all);
-  const bool sdpa_applies = kHaveSdpa && !padding_mask.defined() && !return_weights;
-  AttentionKernel kernel = AttentionKernel::plain;
-  switch (options.kernel()) {
-    case AttentionKernel::plain: break;
-    case AttentionKernel::fused: kernel = fused_applies ? AttentionKernel::fused : kernel; break;
-    case AttentionKernel::sdpa: kernel = sdpa_applies ? AttentionKernel::sdpa : kernel; break;
-    case AttentionKernel::automatic:
-      if (sdpa_applies && (x.is_cuda() || T >= kSdpaCpuMinSeqLen)) kernel = AttentionKernel::sdpa;
-      else if (fused_applies) kernel = AttentionKernel::fused;
-      else if (sdpa_applies) kernel = AttentionKernel::sdpa;
-      break;
-  }
+  const AttentionKernel kernel = kernel_for(x, return_weights, padding_mask.defined());
   if (kernel == AttentionKernel::fused) {
     torch::Tensor weights;
     auto context = fused_self_attention(qkv_all, H, options.causal(),

@@ -1,6 +1,15 @@
 // Internal: the attention kernels shared by the fused ops (fused_attention.cpp and
 // fused_tiny_lm.cpp). Plain loops over (batch, head) pairs; see fused_attention.cpp for
-// the maths. Compiled with -fopenmp-simd -fno-math-errno by the files that include it.
+// the maths. The files that include it are compiled with -fopenmp-simd (the `omp simd`
+// loops vectorise, no OpenMP runtime) and -fno-math-errno (std::exp and std::sqrt need
+// not set errno, so they can vectorise and inline): see CMakeLists.txt.
+//
+// Pointer layouts (all float32, row-major, contiguous; s = dims_of(...)):
+//   qkv   (B, T, 3D)     row (b, t) = [q | k | v], each D = H heads x Dh features
+//   out   (B, T, D)      heads merged: feature h * Dh + e of row (b, t)
+//   p     (B, H, T, T)   softmax weights; row i holds keys 0..T-1, zero past i if causal
+//   dout  (B, T, D)      gradient of out
+//   dqkv  (B, T, 3D)     gradient of qkv, same layout as qkv; written, not accumulated
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H
 #pragma once
 
@@ -70,6 +79,7 @@ inline Dims dims_of(const torch::Tensor& qkv, int64_t H, bool causal) {
           static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / H))), causal};
 }
 
+/// qkv (B, T, 3D) -> out (B, T, D) and p (B, H, T, T); layouts above.
 inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p) {
   const int64_t row = 3 * s.D;  // stride between tokens in qkv
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
@@ -103,6 +113,7 @@ inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p
   });
 }
 
+/// qkv (B, T, 3D), p (B, H, T, T), dout (B, T, D) -> dqkv (B, T, 3D); layouts above.
 inline void backward_kernel(const Dims& s, const float* qkv, const float* p, const float* dout,
                      float* dqkv) {
   const int64_t row = 3 * s.D;

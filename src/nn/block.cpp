@@ -54,7 +54,7 @@ void TransformerBlockImpl::reset() {
                       .out_dropout(options.residual_dropout())
                       .causal(options.causal())
                       .bias(options.bias())
-                      .fused(options.fused_attention())));
+                      .kernel(options.attention_kernel())));
   ln2 = register_module("ln2", torch::nn::LayerNorm(
                                    torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)

@@ -7,7 +7,7 @@
 //   dp_ij = do_i·v_j;  dv_j = Σ_i p_ij do_i;  ds_ij = p_ij (dp_ij - Σ_j' p_ij' dp_ij')
 //   dq_i = scale Σ_j ds_ij k_j;  dk_j = scale Σ_i ds_ij q_i
 // Every (b, h) pair reads and writes its own slices, so pairs run in parallel.
-#include <tinylm/nn/fused_attention.h>
+#include "nn/fused_attention.h"
 
 #include "attention_kernels.h"
 

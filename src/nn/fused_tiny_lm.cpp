@@ -6,10 +6,15 @@
 //           c = attention(qkv)         (N, D)   causal, heads merged
 //           o = c Woᵀ + bo             (N, D)
 //           z = o Whᵀ + bh             (N, V)
-//           loss = mean_n (logsumexp(z_n) - z_n[target_n])
-// Backward: dz = (softmax(z) - onehot) / N, then each product's two gradients in turn;
-//           dE accumulates dx rows at their ids.
-#include <tinylm/nn/fused_tiny_lm.h>
+//           loss = mean over counted n (logsumexp(z_n) - z_n[target_n])
+//           (n is counted when target_n != kIgnoreTarget; M = their number)
+// Backward: dz = (softmax(z) - onehot) / M (0 on ignored rows), then each product's two
+//           gradients in turn; dE accumulates dx rows at their ids.
+//
+// Pointer layouts (row-major, contiguous): ids, targets (N) int64 with n = b * T + t;
+// E (V, D), pe (T, D), x, c, o (N, D), qkv (N, 3D) as [q | k | v], P (B, H, T, T) and
+// z (N, V), all float32; Wqkv (3D, D), Wo (D, D), Wh (V, D) as Linear stores them.
+#include "nn/fused_tiny_lm.h"
 
 #include "attention_kernels.h"
 
@@ -55,15 +60,24 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     auto o = torch::addmm(bo, c, Wo.t());  // (N, D)
     auto z = torch::addmm(bh, o, Wh.t());  // (N, V), becomes dz below
 
-    // Softmax cross-entropy; z is overwritten with dz = (softmax - onehot) / N.
+    // Softmax cross-entropy over the counted rows (target != kIgnoreTarget); z is
+    // overwritten with dz = (softmax - onehot) / count, and with 0 on ignored rows.
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      TORCH_CHECK(tg[n] == kIgnoreTarget || (tg[n] >= 0 && tg[n] < V), "fused_tiny_lm_loss: target ",
+                  tg[n], " out of range [0, ", V, ")");
+      count += tg[n] != kIgnoreTarget;
+    }
     double loss = 0;
     {
       float* zp = z.data_ptr<float>();
-      const float inv_n = 1.f / static_cast<float>(N);
+      const float inv_n = 1.f / static_cast<float>(count);
       for (int64_t n = 0; n < N; ++n) {
-        TORCH_CHECK(tg[n] >= 0 && tg[n] < V, "fused_tiny_lm_loss: target ", tg[n],
-                    " out of range [0, ", V, ")");
         float* zr = zp + n * V;
+        if (tg[n] == kIgnoreTarget) {
+          std::fill(zr, zr + V, 0.f);
+          continue;
+        }
         float m = zr[0];
         for (int64_t v = 1; v < V; ++v) m = std::max(m, zr[v]);
         const float target_logit = zr[tg[n]];
@@ -80,7 +94,8 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     ctx->save_for_backward({ids, x, qkv, P, c, o, z, Wqkv, Wo, Wh});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["emb_rows"] = E.size(0);
-    return {torch::full({}, loss / static_cast<double>(N), E.options())};
+    // No counted row: NaN, as cross_entropy gives.
+    return {torch::full({}, loss / static_cast<double>(count), E.options())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -129,13 +144,13 @@ torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& id
                                  const torch::Tensor& targets) {
   TORCH_CHECK(fused_tiny_lm_supported(m),
               "fused_tiny_lm_loss: needs float32 CPU parameters and causal attention");
-  check_token_ids("TinyAttentionLM", ids, m.options.vocab_size(), m.options.max_context_length());
+  check_token_ids("TinyAttentionLM", ids, m.options.vocab_size(), m.options.context_length());
   TORCH_CHECK(targets.sizes() == ids.sizes() && targets.scalar_type() == torch::kLong,
               "fused_tiny_lm_loss: targets must be int64 of the ids' shape ", ids.sizes(),
               ", got ", targets.sizes());
   const int64_t T = ids.size(1);
   auto& a = *m.attention;
-  return FusedTinyLMLoss::apply(ids, targets, m.token_embedding->weight, m.positions->forward(T),
+  return FusedTinyLMLoss::apply(ids, targets, m.token_embedding->weight, m.sinusoidal_positions->forward(T),
                                 a.qkv_proj->weight, a.qkv_proj->bias, a.out_proj->weight,
                                 a.out_proj->bias, m.lm_head->weight, m.lm_head->bias,
                                 a.options.n_heads())[0];

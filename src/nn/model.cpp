@@ -1,10 +1,17 @@
 // TinyAttentionLM (the reference) and TransformerLM (the block stack).
 // B = batch, T = sequence length, D = d_model, V = vocab size, L = layers
+#include <tinylm/log.h>
 #include <tinylm/nn/model.h>
 
+#include "internal/system.h"
+#include "nn/fused_tiny_lm.h"
+
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
+#include <sstream>
 #include <unordered_set>
 
 namespace tinylm::nn {
@@ -35,33 +42,208 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                              bool per_position) {
+  TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+                  logits.size(1) == targets.size(1),
+              "next_token_loss: logits (B, T, V) and targets (B, T) disagree: ", logits.sizes(),
+              " vs ", targets.sizes());
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  namespace F = torch::nn::functional;
+  auto options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreTarget);
+  if (per_position) options.reduction(torch::kNone);
+  auto ce = F::cross_entropy(logits.to(torch::kFloat32).reshape({B * T, V}),
+                             targets.reshape({B * T}), options);
+  return per_position ? ce.view({B, T}) : ce;
+}
+
+torch::Tensor LanguageModelImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  return next_token_loss(forward(ids).logits, targets);
+}
+
+ModelArchitecture LanguageModelImpl::architecture() const {
+  return {c10::demangle(typeid(*this).name()), 1, {}};
+}
+
+// ---- architectures ---------------------------------------------------------------
+
+namespace {
+
+/// Reads options out of an architecture: each read marks its key; finish() warns about
+/// the keys nobody read (written by a newer tinylm) and names the model.
+class OptionReader {
+ public:
+  explicit OptionReader(const ModelArchitecture& a) : a_(a) {}
+  template <typename Set>
+  void integer(const char* key, Set set) {
+    if (auto* v = find(key)) set(parse<int64_t>(key, *v, [](const std::string& s, size_t* n) { return std::stoll(s, n); }));
+  }
+  template <typename Set>
+  void real(const char* key, Set set) {
+    if (auto* v = find(key)) set(parse<double>(key, *v, [](const std::string& s, size_t* n) { return std::stod(s, n); }));
+  }
+  template <typename Set>
+  void boolean(const char* key, Set set) {
+    if (auto* v = find(key)) {
+      TORCH_CHECK(*v == "true" || *v == "false", "model option ", key, " = '", *v,
+                  "' in a ", a_.kind, " architecture is not true or false");
+      set(*v == "true");
+    }
+  }
+  template <typename Set>
+  void text(const char* key, Set set) {
+    if (auto* v = find(key)) set(*v);
+  }
+  void finish() const {
+    for (const auto& [key, value] : a_.options)
+      if (!read_.count(key))
+        logger()->warn("model option '{}' = '{}' of a {} model (version {}) is unknown to this "
+                       "tinylm (written by a newer one?): ignored", key, value, a_.kind, a_.version);
+  }
+
+ private:
+  const std::string* find(const char* key) {
+    read_.insert(key);
+    auto it = a_.options.find(key);
+    return it == a_.options.end() ? nullptr : &it->second;
+  }
+  template <typename T, typename Parse>
+  T parse(const char* key, const std::string& v, Parse p) {
+    size_t used = 0;
+    T out{};
+    try {
+      out = p(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK(used == v.size() && !v.empty(), "model option ", key, " = '", v, "' in a ",
+                a_.kind, " architecture is not a number");
+    return out;
+  }
+  const ModelArchitecture& a_;
+  std::unordered_set<std::string> read_;
+};
+
+/// Refuses, before anything is allocated, a model whose weights and buffers (float32
+/// parameters, per-layer C x C causal masks, a C x D position table) cannot fit in the
+/// memory this process has: an architecture read from a file must not exhaust it.
+void check_fits(const ModelArchitecture& a, double parameters, double layers, double C, double D) {
+  const double bytes = 4.0 * parameters + layers * C * C + 4.0 * C * D;
+  const uint64_t available = internal::available_memory_bytes();
+  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", a.kind,
+              " model with these options needs about ", internal::human_bytes(bytes),
+              " for its weights and buffers, but ", internal::human_bytes(static_cast<double>(available)),
+              " is available: lower vocab_size, context_length, d_model or n_layers");
+}
+
+std::string text_of(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+std::string text_of(bool v) { return v ? "true" : "false"; }
+std::string text_of(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+LanguageModel build_model(const ModelArchitecture& a) {
+  TORCH_CHECK(a.version >= 1 && a.version <= 1, "a ", a.kind, " model of option version ",
+              a.version, " is newer than this tinylm understands (version 1): upgrade tinylm");
+  OptionReader r(a);
+  int64_t V = 0, C = 0, D = 0, H = 0, L = 1;
+  r.integer("vocab_size", [&](int64_t v) { V = v; });
+  r.integer("context_length", [&](int64_t v) { C = v; });
+  r.integer("d_model", [&](int64_t v) { D = v; });
+  r.integer("n_heads", [&](int64_t v) { H = v; });
+  AttentionKernel kernel = AttentionKernel::automatic;
+  r.text("attention_kernel", [&](const std::string& v) { kernel = attention_kernel_from_string(v); });
+  const double v = static_cast<double>(V), c = static_cast<double>(C), d = static_cast<double>(D);
+  if (a.kind == "tiny") {
+    TinyAttentionLMOptions o(V, C, D, H);
+    o.attention_kernel(kernel);
+    r.real("pos_base", [&](double v) { o.pos_base(v); });
+    r.finish();
+    check_fits(a, 2 * v * d + v + 4 * d * d + 4 * d, 1, c, d);
+    return std::make_shared<TinyAttentionLMImpl>(o);
+  }
+  TORCH_CHECK(a.kind == "transformer", "cannot build a model of kind '", a.kind,
+              "': tinylm builds tiny and transformer models; build yours in your own code and "
+              "load the checkpoint's weights into it with load_model_state");
+  r.integer("n_layers", [&](int64_t v) { L = v; });
+  TransformerLMOptions o(V, C, D, H, L);
+  o.attention_kernel(kernel);
+  r.integer("mlp_expansion", [&](int64_t v) { o.mlp_expansion(v); });
+  r.real("dropout", [&](double v) { o.dropout(v); });
+  r.real("attn_dropout", [&](double v) { o.attn_dropout(v); });
+  r.boolean("bias", [&](bool v) { o.bias(v); });
+  r.boolean("pre_ln", [&](bool v) { o.pre_ln(v); });
+  r.boolean("tie_weights", [&](bool v) { o.tie_weights(v); });
+  r.text("positions", [&](const std::string& v) { o.positions(position_encoding_from_string(v)); });
+  r.real("pos_base", [&](double v) { o.pos_base(v); });
+  r.finish();
+  const double e = static_cast<double>(o.mlp_expansion()), l = static_cast<double>(L);
+  const double per_layer = (4 + 2 * e) * d * d + (9 + e) * d;  // matrices, biases, norms
+  check_fits(a, v * d * (o.tie_weights() ? 1 : 2) + c * d + l * per_layer + 2 * d, l, c, d);
+  return std::make_shared<TransformerLMImpl>(o);
+}
+
 // ---- TinyAttentionLM -----------------------------------------------------------
 
 TinyAttentionLMImpl::TinyAttentionLMImpl(const TinyAttentionLMOptions& options_)
     : options(options_) {
-  const int64_t V = options.vocab_size(), D = options.d_model(), C = options.max_context_length();
+  reset();
+}
+
+void TinyAttentionLMImpl::reset() {
+  const int64_t V = options.vocab_size(), D = options.d_model(), C = options.context_length();
   TORCH_CHECK(V >= 1, "TinyAttentionLM: vocab_size must be >= 1, got ", V);
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
-  positions = register_module(
-      "positions", SinusoidalPositionalEmbedding(
-                       SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
+  sinusoidal_positions = register_module(
+      "sinusoidal_positions",
+      SinusoidalPositionalEmbedding(
+          SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
   attention = register_module(
       "attention", MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(D, options.n_heads(), C)
-                                              .fused(options.fused_attention())));
+                                              .kernel(options.attention_kernel())));
   lm_head = register_module("lm_head", torch::nn::Linear(D, V));
+}
+
+ModelArchitecture TinyAttentionLMImpl::architecture() const { return architecture_of(options); }
+
+ModelArchitecture architecture_of(const TinyAttentionLMOptions& options) {
+  return {"tiny",
+          1,
+          {{"vocab_size", text_of(options.vocab_size())},
+           {"context_length", text_of(options.context_length())},
+           {"d_model", text_of(options.d_model())},
+           {"n_heads", text_of(options.n_heads())},
+           {"pos_base", text_of(options.pos_base())},
+           {"attention_kernel", to_string(options.attention_kernel())}}};
+}
+
+torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  // The whole model as one op exactly where its attention would run the fused kernel.
+  // An empty (1, T, 0) tensor stands for the attention's input: its rank, dtype, device.
+  const auto probe = torch::empty({1, ids.dim() == 2 ? ids.size(1) : 0, 0},
+                                  token_embedding->weight.options());
+  if (ids.dim() == 2 && attention->kernel_for(probe, false, false) == AttentionKernel::fused &&
+      fused_tiny_lm_supported(*this))
+    return fused_tiny_lm_loss(*this, ids, targets);
+  return LanguageModelImpl::loss(ids, targets);
 }
 
 void TinyAttentionLMImpl::pretty_print(std::ostream& os) const {
   os << "tinylm::nn::TinyAttentionLM(vocab_size=" << options.vocab_size()
-     << ", d_model=" << options.d_model() << ", n_heads=" << options.n_heads()
-     << ", max_context_length=" << options.max_context_length() << ")";
+     << ", context_length=" << options.context_length() << ", d_model=" << options.d_model()
+     << ", n_heads=" << options.n_heads() << ")";
 }
 
 LMOutput TinyAttentionLMImpl::forward(const torch::Tensor& ids, bool return_weights,
                                       const torch::Tensor& padding_mask) {
-  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.max_context_length());
+  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.context_length());
   const int64_t T = ids.size(1);
-  auto x = token_embedding(ids) + positions(T);           // (B, T, D) + (T, D)
+  auto x = token_embedding(ids) + sinusoidal_positions(T);  // (B, T, D) + (T, D)
   auto a = attention(x, return_weights, padding_mask);    // (B, T, D)
   LMOutput out{lm_head(a.output), {}};                    // (B, T, V)
   if (return_weights) out.attention.push_back(a.weights);  // (B, H, T, T)
@@ -69,11 +251,11 @@ LMOutput TinyAttentionLMImpl::forward(const torch::Tensor& ids, bool return_weig
 }
 
 torch::Tensor TinyAttentionLMImpl::forward_cached(const torch::Tensor& ids, KVCache& cache) {
-  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.max_context_length());
+  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.context_length());
   cache.keys.resize(1);
   cache.values.resize(1);
   const int64_t Tn = ids.size(1);
-  auto x = token_embedding(ids) + positions->rows(cache.length, Tn);  // (B, Tn, D)
+  auto x = token_embedding(ids) + sinusoidal_positions->rows(cache.length, Tn);  // (B, Tn, D)
   auto h = attention->forward_cached(x, cache.keys[0], cache.values[0]);
   cache.length += Tn;
   return lm_head(h);  // (B, Tn, V)
@@ -102,6 +284,31 @@ TransformerLMOptions TransformerLMOptions::gpt2_small() {
 }
 
 TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : options(options_) {
+  reset();
+}
+
+ModelArchitecture TransformerLMImpl::architecture() const { return architecture_of(options); }
+
+ModelArchitecture architecture_of(const TransformerLMOptions& options) {
+  return {"transformer",
+          1,
+          {{"vocab_size", text_of(options.vocab_size())},
+           {"context_length", text_of(options.context_length())},
+           {"d_model", text_of(options.d_model())},
+           {"n_heads", text_of(options.n_heads())},
+           {"n_layers", text_of(options.n_layers())},
+           {"mlp_expansion", text_of(options.mlp_expansion())},
+           {"dropout", text_of(options.dropout())},
+           {"attn_dropout", text_of(options.attn_dropout())},
+           {"bias", text_of(options.bias())},
+           {"pre_ln", text_of(options.pre_ln())},
+           {"tie_weights", text_of(options.tie_weights())},
+           {"positions", to_string(options.positions())},
+           {"pos_base", text_of(options.pos_base())},
+           {"attention_kernel", to_string(options.attention_kernel())}}};
+}
+
+void TransformerLMImpl::reset() {
   const int64_t V = options.vocab_size(), C = options.context_length(), D = options.d_model(),
                 L = options.n_layers();
   TORCH_CHECK(V >= 1, "TransformerLM: vocab_size must be >= 1, got ", V);
@@ -112,10 +319,10 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : opt
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
   if (options.positions() == PositionEncoding::learned) {
     learned_positions = register_module(
-        "positions", LearnedPositionalEmbedding(LearnedPositionalEmbeddingOptions(C, D)));
+        "learned_positions", LearnedPositionalEmbedding(LearnedPositionalEmbeddingOptions(C, D)));
   } else if (options.positions() == PositionEncoding::sinusoidal) {
     sinusoidal_positions = register_module(
-        "positions", SinusoidalPositionalEmbedding(
+        "sinusoidal_positions", SinusoidalPositionalEmbedding(
                          SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
@@ -126,7 +333,7 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : opt
                                            .residual_dropout(options.dropout())
                                            .bias(options.bias())
                                            .pre_ln(options.pre_ln())
-                                           .fused_attention(options.fused_attention())));
+                                           .attention_kernel(options.attention_kernel())));
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})));
   if (!options.tie_weights()) {

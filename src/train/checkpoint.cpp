@@ -1,4 +1,6 @@
 // Checkpoint files: header, payload, atomic writes and checked loads.
+#include <tinylm/log.h>
+#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/version.h>
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <set>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -246,14 +249,14 @@ void read_legacy_payload(Checkpoint& ck, const std::string& payload) {
                 e.what_without_backtrace());
   }
   auto& a = *ck.legacy_archive;
-  apply_toml(ck.config, read_string(a, "config", path), path + " (stored config)");
+  ck.recipe = read_string(a, "config", path);
   c10::IValue v;
   TORCH_CHECK(a.try_read("step", v) && v.isInt(), "checkpoint '", path, "' has no step");
   ck.state.step = v.toInt();
   if (a.try_read("best_val_loss", v) && v.isDouble()) ck.state.best_val_loss = v.toDouble();
   if (a.try_read("epoch_loss_sum", v) && v.isDouble()) ck.state.epoch_loss_sum = v.toDouble();
   a.try_read("data_rng_state", ck.state.data_rng_state);
-  a.try_read("torch_rng_state", ck.state.torch_rng_state);
+  a.try_read("torch_rng_state", ck.state.dropout_rng_state);
   ck.parameter_names = split_lines(read_string(a, "model_parameter_names", path));
   for (const auto& name : ck.parameter_names) {
     torch::Tensor t;
@@ -265,22 +268,68 @@ void read_legacy_payload(Checkpoint& ck, const std::string& payload) {
   if (a.try_read("optimizer", opt)) ck.optimizer_kind = read_string(a, "optimizer_kind", path);
 }
 
-/// Format 2: metadata and tensors from a safetensors payload.
+/// Formats 1 and 2 -> today's names: a transformer's learned positions were registered
+/// as "positions" (the name sinusoidal positions had too), "learned_positions" since.
+void migrate_parameter_names(Checkpoint& ck) {
+  const auto positions = ck.architecture.options.find("positions");
+  if (ck.architecture.kind != "transformer" || positions == ck.architecture.options.end() ||
+      positions->second != "learned")
+    return;
+  const std::string old_prefix = "positions.", new_prefix = "learned_positions.";
+  auto rename = [&](const std::string& name) {
+    return name.rfind(old_prefix, 0) == 0 ? new_prefix + name.substr(old_prefix.size()) : name;
+  };
+  for (auto& name : ck.parameter_names) name = rename(name);
+  for (TensorMap* map : {&ck.model, &ck.optimizer}) {
+    TensorMap renamed;
+    for (auto& [name, t] : *map) renamed[rename(name)] = t;
+    *map = std::move(renamed);
+  }
+}
+
+/// Formats 2 and 3: metadata and tensors from a safetensors payload.
 void read_payload(Checkpoint& ck, const std::string& payload) {
   const std::string& path = ck.path;
   std::map<std::string, std::string> meta;
   TensorMap tensors;
   decode_payload(path, payload, meta, tensors);
+  std::set<std::string> used;
   auto field = [&](const char* key) -> const std::string& {
     auto it = meta.find(key);
     TORCH_CHECK(it != meta.end(), "checkpoint '", path, "' has no '", key,
                 "' entry: it was not written by tinylm");
+    used.insert(key);
     return it->second;
   };
-  apply_toml(ck.config, field("config"), path + " (stored config)");
-  nlohmann::json state;
+  auto json_field = [&](const char* key, const char* what) {
+    try {
+      auto j = nlohmann::json::parse(field(key));
+      TORCH_CHECK(j.is_object(), "not an object");
+      return j;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its ", what, " is unreadable (",
+                  e.what(), ")");
+    }
+  };
+  field("format");
+  field("tinylm_version");
+  if (ck.format_version == 2) {
+    ck.recipe = field("config");
+  } else {
+    ck.recipe = field("recipe");
+    const auto model = json_field("model", "model architecture");
+    try {
+      ck.architecture.kind = model.at("kind").get<std::string>();
+      ck.architecture.version = model.at("version").get<int64_t>();
+      for (const auto& [key, value] : model.at("options").items())
+        ck.architecture.options[key] = value.get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its model architecture is unreadable (",
+                  e.what(), ")");
+    }
+  }
+  const auto state = json_field("state", "training state");
   try {
-    state = nlohmann::json::parse(field("state"));
     ck.state.step = state.at("step").get<int64_t>();
     ck.state.best_val_loss = state.at("best_val_loss").get<double>();
     ck.state.epoch_loss_sum = state.at("epoch_loss_sum").get<double>();
@@ -288,17 +337,31 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its training state is unreadable (",
                 e.what(), ")");
   }
+  for (const auto& [key, value] : state.items())
+    if (key != "step" && key != "best_val_loss" && key != "epoch_loss_sum")
+      logger()->warn("checkpoint '{}': training state '{}' is unknown to this tinylm: ignored",
+                     path, internal::printable(key));
   TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
   ck.parameter_names = split_lines(field("parameter_names"));
   ck.optimizer_kind = field("optimizer_kind");
+  for (const auto& [key, value] : meta)
+    if (!used.count(key))
+      logger()->warn("checkpoint '{}': metadata '{}' is unknown to this tinylm: ignored", path,
+                     internal::printable(key));
   for (auto& [name, t] : tensors) {
     if (name.rfind("model.", 0) == 0) ck.model[name.substr(6)] = t;
     else if (name.rfind("optimizer.", 0) == 0) ck.optimizer[name.substr(10)] = t;
     else if (name == "rng.data") ck.state.data_rng_state = t;
-    else if (name == "rng.torch") ck.state.torch_rng_state = t;
-    else TORCH_CHECK(false, "checkpoint '", path, "' holds an unknown entry '",
-                     internal::printable(name), "'");
+    else if (name == "rng.dropout" || (ck.format_version == 2 && name == "rng.torch"))
+      ck.state.dropout_rng_state = t;
+    else
+      logger()->warn("checkpoint '{}': entry '{}' is unknown to this tinylm: ignored", path,
+                     internal::printable(name));
   }
+}
+
+void check_weights_listed(const Checkpoint& ck) {
+  const std::string& path = ck.path;
   TORCH_CHECK(ck.model.size() == ck.parameter_names.size(), "checkpoint '", path, "' is damaged: ",
               ck.model.size(), " weight tensors for ", ck.parameter_names.size(), " parameter names");
   for (const auto& name : ck.parameter_names)
@@ -308,24 +371,10 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
 
 }  // namespace
 
-uint32_t crc32(const void* data, size_t size) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xFFFFFFFFu;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
 
-void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
-                     const Optimizer* optimizer, const TrainingState& state) {
+void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
+                     const Optimizer* optimizer, const TrainingState& state,
+                     const std::string& recipe) {
   TensorMap tensors;
   for (const auto& p : model.named_parameters()) {
     check_finite(path, p.key(), p.value(), state.step);
@@ -338,14 +387,18 @@ void save_checkpoint(const std::string& path, const RunConfig& config, nn::Langu
     }
   }
   if (state.data_rng_state.defined()) tensors["rng.data"] = state.data_rng_state;
-  if (state.torch_rng_state.defined()) tensors["rng.torch"] = state.torch_rng_state;
+  if (state.dropout_rng_state.defined()) tensors["rng.dropout"] = state.dropout_rng_state;
+  const auto arch = model.architecture();
+  const nlohmann::json architecture = {
+      {"kind", arch.kind}, {"version", arch.version}, {"options", arch.options}};
   const nlohmann::json training = {{"step", state.step},
                                    {"best_val_loss", state.best_val_loss},
                                    {"epoch_loss_sum", state.epoch_loss_sum}};
   const std::map<std::string, std::string> metadata = {
       {"format", "tinylm-checkpoint"},
       {"tinylm_version", TINYLM_VERSION_STRING},
-      {"config", to_toml(config)},
+      {"model", architecture.dump()},
+      {"recipe", recipe},
       {"state", training.dump()},
       {"parameter_names", join_lines(parameter_names(model))},
       {"optimizer_kind", optimizer ? optimizer->kind() : ""}};
@@ -355,7 +408,7 @@ void save_checkpoint(const std::string& path, const RunConfig& config, nn::Langu
   std::memcpy(bytes.data(), kMagic, sizeof kMagic);
   put<uint32_t>(bytes, 8, kCheckpointFormatVersion);
   put<uint64_t>(bytes, 16, payload.size());
-  put<uint32_t>(bytes, 24, crc32(payload.data(), payload.size()));
+  put<uint32_t>(bytes, 24, internal::crc32(payload.data(), payload.size()));
   bytes += payload;
   write_file_atomically(path, bytes);
 }
@@ -379,12 +432,16 @@ Checkpoint read_checkpoint(const std::string& path) {
               " payload bytes, the file has ", have);
   TORCH_CHECK(have == length, "checkpoint '", path, "' has ", have - length,
               " unexpected bytes after its payload");
-  TORCH_CHECK(crc32(bytes.data() + kHeaderSize, length) == get<uint32_t>(bytes, 24),
+  TORCH_CHECK(internal::crc32(bytes.data() + kHeaderSize, length) == get<uint32_t>(bytes, 24),
               "checkpoint '", path, "' is corrupt: its checksum does not match its contents");
   const std::string payload = bytes.substr(kHeaderSize);
   if (ck.format_version == 1) read_legacy_payload(ck, payload);
   else read_payload(ck, payload);
-  validate(ck.config);
+  if (ck.format_version < 3) {
+    ck.architecture = model_architecture(config_from_checkpoint(ck));
+    migrate_parameter_names(ck);
+  }
+  check_weights_listed(ck);
   return ck;
 }
 
@@ -432,7 +489,7 @@ void load_optimizer_state(const Checkpoint& ck, Optimizer& optimizer) {
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", ck.path, "': its optimizer state does not fit (",
                 e.what_without_backtrace(), "); resume with the optimizer it was trained with ('",
-                ck.config.optimizer, "')");
+                ck.optimizer_kind, "')");
   }
 }
 

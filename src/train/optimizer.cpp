@@ -5,15 +5,19 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <utility>
 
 namespace tinylm::train {
 
-bool is_decayed(const std::string& name, const torch::Tensor& p) {
-  const bool embedding = name.rfind("token_embedding.", 0) == 0 || name.rfind("positions.", 0) == 0;
-  return p.dim() >= 2 && !embedding;
+std::set<std::string> decayed_parameters(const torch::nn::Module& model) {
+  std::set<std::string> out;
+  if (dynamic_cast<const torch::nn::LinearImpl*>(&model)) out.insert("weight");
+  for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (m.value()->as<torch::nn::Linear>()) out.insert(m.key() + ".weight");
+  return out;
 }
 
 namespace {
@@ -63,8 +67,9 @@ class TorchAdam final : public Optimizer {
       return;
     }
     std::vector<torch::Tensor> decay, no_decay;
+    const auto decayed = decayed_parameters(model);
     for (const auto& p : model.named_parameters())
-      (is_decayed(p.key(), p.value()) ? decay : no_decay).push_back(p.value());
+      (decayed.count(p.key()) ? decay : no_decay).push_back(p.value());
     auto options = [&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(wd));
@@ -216,6 +221,7 @@ class FlatAdam final : public Optimizer {
     exp_avg_sq_ = torch::zeros({n}, options.requires_grad(false));
     decay_ = torch::zeros({n}, options.requires_grad(false));
     torch::NoGradGuard no_grad;
+    const auto decayed = decayed_parameters(model);
     int64_t offset = 0;
     for (auto& p : named) {
       auto& param = p.value();
@@ -224,22 +230,31 @@ class FlatAdam final : public Optimizer {
       slot.copy_(param.reshape({-1}));
       param.set_data(slot.view(param.sizes()));            // the module's tensor now lives here
       param.mutable_grad() = grads_.narrow(0, offset, k).view(param.sizes());
-      if (c.decoupled && is_decayed(p.key(), param)) decay_.narrow(0, offset, k).fill_(1.0);
+      if (c.decoupled && decayed.count(p.key())) decay_.narrow(0, offset, k).fill_(1.0);
       layout_ += p.key() + ":" + std::to_string(k) + "\n";
+      names_.push_back(p.key());
+      watched_.push_back(param);
+      data_.push_back(param.data_ptr());
+      grad_data_.push_back(param.grad().data_ptr());
       numels_.push_back(k);
       offset += k;
     }
   }
 
-  void zero_grad() override { grads_.zero_(); }
+  void zero_grad() override {
+    check_in_place();
+    grads_.zero_();
+  }
 
   double clip_grad_norm(double max_norm) override {
+    check_in_place();
     const double norm = grads_.norm().item<double>();
     if (norm > max_norm) grads_.mul_(max_norm / (norm + 1e-6));
     return norm;
   }
 
   void step(double lr) override {
+    check_in_place();
     ++step_;
     const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step_));
     const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step_));
@@ -319,6 +334,24 @@ class FlatAdam final : public Optimizer {
   std::string kind() const override { return c_.decoupled ? "flat-adamw" : "flat-adam"; }
 
  private:
+  /// The model's parameters and their gradients must still be the views into the flat
+  /// buffers: model->to(dtype or device), set_data or a replaced .grad() would leave this
+  /// optimizer updating buffers the model no longer reads.
+  void check_in_place() const {
+    for (size_t i = 0; i < watched_.size(); ++i) {
+      const auto& p = watched_[i];
+      TORCH_CHECK(p.data_ptr() == data_[i] && p.grad().defined() && p.grad().data_ptr() == grad_data_[i],
+                  "the flat Adam optimizer no longer holds parameter '", names_[i],
+                  "': the model was moved, cast, or had its parameters or gradients replaced after "
+                  "the optimizer was built (now ", p.scalar_type(), " on ", p.device(),
+                  "). Build the optimizer after the model is on its device and dtype, and do not "
+                  "set gradients to None");
+    }
+  }
+
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> watched_;              // the model's own parameter variables
+  std::vector<const void*> data_, grad_data_;       // where they must keep pointing
   AdamConfig c_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_, decay_;  // flat (N)
   std::string layout_;           // "name:numel" lines: what format-1 files recorded

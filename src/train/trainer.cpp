@@ -1,15 +1,13 @@
 // Trainer, evaluation, and the model/device factory.
 // B = batch, T = sequence length, V = vocab size
 #include <tinylm/log.h>
-#include <tinylm/threads.h>
-#include <tinylm/nn/fused_tiny_lm.h>
 #include <tinylm/train/optimizer.h>
-#include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
+#include "internal/generator_scope.h"
 #include "internal/mode_guard.h"
-#include "internal/system.h"
 
+#include <nlohmann/json.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <ATen/autocast_mode.h>
@@ -20,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -78,34 +75,26 @@ class AutocastGuard {
   bool enabled_;
 };
 
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  const int64_t V = logits.size(-1);
-  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32).reshape({-1, V}),
-                                              targets.reshape({-1}));
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
-/// The "step" of a metrics line, or -1.
+/// The "step" of a metrics line, or -1 when the line is not a JSON object with one.
 int64_t step_of(const std::string& line) {
-  const auto at = line.find("\"step\":");
-  return at == std::string::npos ? -1 : std::atoll(line.c_str() + at + 7);
+  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return -1;
+  const auto it = j.find("step");
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const RunConfig& c, nn::LanguageModelImpl& model) {
+/// A JSON number, or null where it is NaN or infinite (JSON has neither).
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, nn::LanguageModelImpl& model) {
   AdamConfig a;
-  a.lr = c.lr;
-  a.beta1 = c.beta1;
-  a.beta2 = c.beta2;
-  a.weight_decay = c.weight_decay;
-  a.decoupled = c.optimizer == "adamw";
-  return c.fused_optimizer ? make_flat_adam(model, a) : make_torch_adam(model, a);
+  a.lr = o.lr();
+  a.beta1 = o.beta1();
+  a.beta2 = o.beta2();
+  a.eps = o.eps();
+  a.weight_decay = o.weight_decay();
+  a.decoupled = o.kind() == OptimizerKind::adamw;
+  return o.flat() ? make_flat_adam(model, a) : make_torch_adam(model, a);
 }
 
 }  // namespace
@@ -133,32 +122,48 @@ torch::Device resolve_device(const std::string& spec) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-nn::LanguageModel build_model(const RunConfig& c) {
-  validate(c);
-  if (c.model == "tiny") {
-    return std::make_shared<nn::TinyAttentionLMImpl>(
-        nn::TinyAttentionLMOptions(c.vocab_size, c.d_model, c.n_heads, c.effective_context())
-            .fused_attention(c.fused_attention));
-  }
-  return std::make_shared<nn::TransformerLMImpl>(
-      nn::TransformerLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads, c.n_layers)
-          .mlp_expansion(c.mlp_expansion)
-          .dropout(c.dropout)
-          .attn_dropout(c.attn_dropout)
-          .bias(c.bias)
-          .pre_ln(c.pre_ln)
-          .tie_weights(c.tie_weights)
-          .positions(nn::position_encoding_from_string(c.positions))
-          .fused_attention(c.fused_attention));
+void validate(const TrainerOptions& o) {
+  const auto& opt = o.optimizer();
+  TORCH_CHECK(std::isfinite(opt.lr()) && opt.lr() > 0, "TrainerOptions: optimizer lr must be > 0, got ", opt.lr());
+  TORCH_CHECK(opt.beta1() >= 0 && opt.beta1() < 1, "TrainerOptions: optimizer beta1 must be in [0, 1), got ", opt.beta1());
+  TORCH_CHECK(opt.beta2() >= 0 && opt.beta2() < 1, "TrainerOptions: optimizer beta2 must be in [0, 1), got ", opt.beta2());
+  TORCH_CHECK(std::isfinite(opt.eps()) && opt.eps() > 0, "TrainerOptions: optimizer eps must be > 0, got ", opt.eps());
+  TORCH_CHECK(std::isfinite(opt.weight_decay()) && opt.weight_decay() >= 0,
+              "TrainerOptions: optimizer weight_decay must be >= 0, got ", opt.weight_decay());
+  const auto& s = o.schedule();
+  TORCH_CHECK(s.warmup_steps() >= 0, "TrainerOptions: schedule warmup_steps must be >= 0, got ", s.warmup_steps());
+  TORCH_CHECK(s.min_lr_ratio() >= 0 && s.min_lr_ratio() <= 1,
+              "TrainerOptions: schedule min_lr_ratio must be in [0, 1], got ", s.min_lr_ratio());
+  TORCH_CHECK(o.batch_size() >= 1, "TrainerOptions: batch_size must be >= 1, got ", o.batch_size());
+  TORCH_CHECK(o.epochs() >= 1, "TrainerOptions: epochs must be >= 1, got ", o.epochs());
+  TORCH_CHECK(o.steps_per_epoch() >= 1, "TrainerOptions: steps_per_epoch must be >= 1, got ", o.steps_per_epoch());
+  int64_t product = 0;
+  TORCH_CHECK(!__builtin_mul_overflow(o.epochs(), o.steps_per_epoch(), &product),
+              "TrainerOptions: epochs ", o.epochs(), " x steps_per_epoch ", o.steps_per_epoch(),
+              " overflows a 64-bit step count");
+  TORCH_CHECK(o.grad_accum() >= 1, "TrainerOptions: grad_accum must be >= 1, got ", o.grad_accum());
+  TORCH_CHECK(std::isfinite(o.grad_clip()) && o.grad_clip() >= 0,
+              "TrainerOptions: grad_clip must be >= 0 (0 = off), got ", o.grad_clip());
+  TORCH_CHECK(!o.bf16() || o.device().is_cuda(),
+              "TrainerOptions: bf16 autocast needs a CUDA device, got device ", o.device());
+  TORCH_CHECK(o.log_every() >= 1, "TrainerOptions: log_every must be >= 1, got ", o.log_every());
+  TORCH_CHECK(o.eval_every() >= 0, "TrainerOptions: eval_every must be >= 0, got ", o.eval_every());
+  TORCH_CHECK(o.eval_batches() >= 1, "TrainerOptions: eval_batches must be >= 1, got ", o.eval_batches());
+  TORCH_CHECK(o.save_every() >= 0, "TrainerOptions: save_every must be >= 0, got ", o.save_every());
+  TORCH_CHECK(o.keep_last() >= 1, "TrainerOptions: keep_last must be >= 1, got ", o.keep_last());
+  TORCH_CHECK(std::isfinite(o.solve_loss()) && o.solve_loss() > 0,
+              "TrainerOptions: solve_loss must be > 0, got ", o.solve_loss());
 }
 
-double learning_rate_at(const RunConfig& c, int64_t step) {
-  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / c.warmup_steps;
-  if (c.lr_schedule == "constant") return c.lr;
-  const double span = std::max<int64_t>(1, c.total_steps() - c.warmup_steps);
-  const double progress = std::min(1.0, (step - c.warmup_steps) / span);
-  const double floor = c.lr * c.min_lr_ratio;
-  return floor + 0.5 * (c.lr - floor) * (1.0 + std::cos(M_PI * progress));
+double learning_rate_at(const TrainerOptions& o, int64_t step) {
+  const double lr = o.optimizer().lr();
+  const auto& s = o.schedule();
+  if (step < s.warmup_steps()) return lr * static_cast<double>(step + 1) / s.warmup_steps();
+  if (s.kind() == LRSchedule::constant) return lr;
+  const double span = std::max<int64_t>(1, o.total_steps() - s.warmup_steps());
+  const double progress = std::min(1.0, (step - s.warmup_steps()) / span);
+  const double floor = lr * s.min_lr_ratio();
+  return floor + 0.5 * (lr - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
 // ---- evaluation --------------------------------------------------------------------
@@ -174,21 +179,20 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
   double loss_sum = 0, scored_loss_sum = 0, correct = 0, exact = 0;
   int64_t positions = 0, scored = 0, rows = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    auto b = task.sample(batch_size, data::Split::validation, gen, torch::kCPU);
+    auto b = task.sample(batch_size, data::Split::validation, gen);
     auto inputs = b.inputs.to(device), targets = b.targets.to(device), mask = b.scored.to(device);
-    auto logits = model.forward(inputs).logits.to(torch::kFloat32);  // (B, T, V)
-    const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
-    auto ce = torch::nn::functional::cross_entropy(
-                  logits.reshape({-1, V}), targets.reshape({-1}),
-                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
-                  .view({B, T});                                       // (B, T)
-    auto right = logits.argmax(-1).eq(targets);                        // (B, T)
-    loss_sum += ce.sum().item<double>();
-    scored_loss_sum += ce.masked_select(mask).sum().item<double>();
+    const int64_t B = inputs.size(0), T = inputs.size(1), n_scored = mask.sum().item<int64_t>();
+    // The losses come from the model's own loss(), the function training uses.
+    loss_sum += model.loss(inputs, targets).item<double>() * static_cast<double>(B * T);
+    if (n_scored > 0) {
+      auto scored_targets = targets.masked_fill(mask.logical_not(), nn::kIgnoreTarget);
+      scored_loss_sum += model.loss(inputs, scored_targets).item<double>() * static_cast<double>(n_scored);
+    }
+    auto right = model.forward(inputs).logits.argmax(-1).eq(targets);  // (B, T)
     correct += right.logical_and(mask).sum().item<double>();
     exact += right.logical_or(mask.logical_not()).all(1).sum().item<double>();
     positions += B * T;
-    scored += mask.sum().item<int64_t>();
+    scored += n_scored;
     rows += B;
   }
   EvalMetrics m;
@@ -204,119 +208,120 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
 
 // ---- Trainer -----------------------------------------------------------------------
 
-Trainer::Trainer(RunConfig config) : config_(std::move(config)), device_(torch::kCPU) {
-  tinylm::validate(config_);
-  internal::check_thread_count(config_.threads);
-  device_ = resolve_device(config_.device);
-  TORCH_CHECK(!config_.bf16 || device_.is_cuda(),
-              "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
-  // Before anything large is allocated: a run that cannot fit is refused here.
-  check_memory(config_, config_.batch_size, /*training=*/true, device_.is_cuda());
-  set_cpu_threads(static_cast<int>(config_.threads));
-  torch::manual_seed(static_cast<uint64_t>(config_.seed));  // weights, dropout, CUDA data
-  task_ = data::make_task(config_);
-  TORCH_CHECK(task_->vocab_size() == config_.vocab_size, "task ", task_->name(), " has vocab ",
-              task_->vocab_size(), " but vocab-size is ", config_.vocab_size);
-  model_ = build_model(config_);
-  model_->to(device_);
-  data_gen_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.seed) + 1);
-  optimizer_ = make_optimizer(config_, *model_);
-  // The reference model's whole loss as one op, where it applies (see fused_tiny_lm.h).
-  auto* tiny = dynamic_cast<nn::TinyAttentionLMImpl*>(model_.get());
-  if (config_.fused_attention && tiny && nn::fused_tiny_lm_supported(*tiny)) fused_tiny_ = tiny;
+Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, TrainerOptions options)
+    : options_(std::move(options)), model_(std::move(model)), task_(std::move(task)) {
+  TORCH_CHECK(model_, "Trainer: no model given");
+  TORCH_CHECK(task_, "Trainer: no task given");
+  train::validate(options_);
+  TORCH_CHECK(task_->vocab_size() == model_->vocab_size(), "Trainer: task ", task_->name(),
+              " has vocabulary ", task_->vocab_size(), " but the model's is ", model_->vocab_size());
+  TORCH_CHECK(task_->seq_len() <= model_->context_length(), "Trainer: task ", task_->name(),
+              " has sequences of ", task_->seq_len(), " tokens, longer than the model's context ",
+              model_->context_length());
+  model_->to(options_.device());
+  const uint64_t seed = options_.seed();
+  data_gen_ = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  dropout_rng_ = internal::seeded_generator_state(options_.device(), seed + 2);
+  optimizer_ = make_optimizer(options_.optimizer(), *model_);
 }
 
 void Trainer::resume(const Checkpoint& ck) {
   load_model_state(ck, *model_);
-  TORCH_CHECK(ck.config.optimizer == config_.optimizer, "checkpoint '", ck.path,
-              "' was trained with optimizer '", ck.config.optimizer, "', not '", config_.optimizer,
-              "': resume with optimizer ", ck.config.optimizer);
   load_optimizer_state(ck, *optimizer_);
-  TORCH_CHECK(ck.state.step <= config_.total_steps(), "checkpoint '", ck.path, "' is at step ",
-              ck.state.step, ", past this run's last step ", config_.total_steps(),
-              ": raise epochs or steps-per-epoch to train further");
+  TORCH_CHECK(ck.state.step <= options_.total_steps(), "checkpoint '", ck.path, "' is at step ",
+              ck.state.step, ", past this run's last step ", options_.total_steps(),
+              ": raise epochs or steps_per_epoch to train further");
   state_ = ck.state;
   resumed_ = true;
-  if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
-  if (state_.torch_rng_state.defined()) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state_.torch_rng_state);
+  try {
+    if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
+    // Dropout states are saved from CPU runs only; a CUDA run continues with its own.
+    if (state_.dropout_rng_state.defined() && options_.device().is_cpu()) {
+      auto candidate = state_.dropout_rng_state.clone();
+      { internal::GeneratorScope check(torch::kCPU, candidate); }  // throws if malformed
+      dropout_rng_ = state_.dropout_rng_state.clone();
+    }
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "checkpoint '", ck.path, "' holds a damaged generator state (",
+                e.what_without_backtrace(), ")");
   }
 }
 
 void Trainer::set_run_directory(std::shared_ptr<RunDirectory> dir) {
   TORCH_CHECK(dir, "Trainer::set_run_directory: no directory given");
   run_dir_ = std::move(dir);
-  config_.out_dir = run_dir_->path();
+  options_.out_dir(run_dir_->path());
 }
 
 void Trainer::sync_rng_state() {
   state_.data_rng_state = data_gen_.get_state();
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  state_.torch_rng_state = gen.get_state();
+  state_.dropout_rng_state = options_.device().is_cpu() ? dropout_rng_ : torch::Tensor();
 }
 
 void Trainer::save(const std::string& path) {
   sync_rng_state();
-  save_checkpoint(path, config_, *model_, optimizer_.get(), state_);
+  save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
 }
 
 std::string Trainer::checkpoint_path(int64_t step) const {
-  return (fs::path(config_.out_dir) / fmt::format("step-{:08d}.ckpt", step)).string();
+  return (fs::path(options_.out_dir()) / fmt::format("step-{:08d}.ckpt", step)).string();
 }
 
 void Trainer::write_step_checkpoint(FitResult& result) {
+  if (!writes_files()) return;
   const std::string path = checkpoint_path(state_.step);
   save(path);
   result.last_checkpoint = path;
   std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(config_.out_dir)) {
+  for (const auto& e : fs::directory_iterator(options_.out_dir())) {
     const auto name = e.path().filename().string();
     if (name.rfind("step-", 0) == 0 && e.path().extension() == ".ckpt") steps.push_back(e.path());
   }
   std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + config_.keep_last < steps.size(); ++i) fs::remove(steps[i]);
+  for (size_t i = 0; i + options_.keep_last() < steps.size(); ++i) fs::remove(steps[i]);
 }
 
 void Trainer::append_metrics(const std::string& json_line) {
-  std::ofstream out(fs::path(config_.out_dir) / "metrics.jsonl", std::ios::app);
-  TORCH_CHECK(out, "cannot write ", (fs::path(config_.out_dir) / "metrics.jsonl").string());
+  if (!writes_files()) return;
+  const auto path = fs::path(options_.out_dir()) / "metrics.jsonl";
+  std::ofstream out(path, std::ios::app);
+  TORCH_CHECK(out, "cannot write ", path.string());
   out << json_line << "\n";
 }
 
 EvalMetrics Trainer::validate() {
-  return evaluate(*model_, *task_, config_.eval_batches, config_.batch_size,
-                  static_cast<uint64_t>(config_.seed) + 1000003, device_);
+  return evaluate(*model_, *task_, options_.eval_batches(), options_.batch_size(),
+                  options_.seed() + 1000003, options_.device());
 }
 
 double Trainer::train_step(double* grad_norm) {
-  const double lr = learning_rate_at(config_, state_.step);
+  const double lr = learning_rate_at(options_, state_.step);
+  const int64_t accum = options_.grad_accum();
+  const torch::Device device = options_.device();
   optimizer_->zero_grad();
   double loss_value = 0;
-  for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-    auto batch = task_->sample(config_.batch_size, data::Split::train, data_gen_, device_);
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    auto batch = task_->sample(options_.batch_size(), data::Split::train, data_gen_);
+    auto inputs = batch.inputs.to(device), targets = batch.targets.to(device);
     torch::Tensor loss;
-    if (fused_tiny_) {
-      loss = nn::fused_tiny_lm_loss(*fused_tiny_, batch.inputs, batch.targets);
-    } else {
-      torch::Tensor logits;
+    {
+      // Dropout draws from the Trainer's generator, not the user's global one.
+      internal::GeneratorScope dropout(device, dropout_rng_);
       {
-        AutocastGuard autocast(config_.bf16);
-        logits = model_->forward(batch.inputs).logits;  // (B, T, V)
+        AutocastGuard autocast(options_.bf16());
+        loss = model_->loss(inputs, targets);
       }
-      loss = lm_loss(logits, batch.targets);
+      if (accum > 1) loss = loss / static_cast<double>(accum);
+      loss.backward();
     }
-    if (config_.grad_accum > 1) loss = loss / static_cast<double>(config_.grad_accum);
-    loss.backward();
     loss_value += loss.item<double>();
   }
   // Checked before the update, so the weights (and any checkpoint) stay good.
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
               state_.step + 1, " (lr ", lr, "): training stopped. Try a lower lr, "
               "grad-clip 1.0, or warmup-steps");
-  const double norm = config_.grad_clip > 0 ? optimizer_->clip_grad_norm(config_.grad_clip) : 0.0;
+  const double clip = options_.grad_clip();
+  const double norm = clip > 0 ? optimizer_->clip_grad_norm(clip) : 0.0;
   if (grad_norm) *grad_norm = norm;
   optimizer_->step(lr);
   ++state_.step;
@@ -325,7 +330,7 @@ double Trainer::train_step(double* grad_norm) {
 
 FitResult Trainer::fit(const std::atomic<bool>* stop) {
   const auto log = logger();
-  const int64_t total = config_.total_steps();
+  const int64_t total = options_.total_steps();
   FitResult r;
   r.start_step = state_.step;
 
@@ -336,14 +341,14 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       if (dir) dir->reset();
     }
   } release;
-  if (!run_dir_) {
+  if (!run_dir_ && writes_files()) {
     const bool continuing = resumed_ || state_.step > 0;
     set_run_directory(std::make_shared<RunDirectory>(
-        config_.out_dir, continuing ? RunDirMode::resume : RunDirMode::fresh, state_.step));
+        options_.out_dir(), continuing ? RunDirMode::resume : RunDirMode::fresh, state_.step));
     release.dir = &run_dir_;
   }
-  const fs::path metrics = fs::path(config_.out_dir) / "metrics.jsonl";
-  {
+  const fs::path metrics = fs::path(options_.out_dir()) / "metrics.jsonl";
+  if (writes_files()) {
     // A fresh run starts a fresh file; a resumed one keeps the records up to its step,
     // dropping any written after the checkpoint by a run that then died.
     std::vector<std::string> kept;
@@ -356,9 +361,10 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
     TORCH_CHECK(out, "cannot write ", metrics.string());
     for (const auto& line : kept) out << line << "\n";
   }
-  const fs::path best_path = fs::path(config_.out_dir) / "best.ckpt";
+  const fs::path best_path = fs::path(options_.out_dir()) / "best.ckpt";
 
-  const int64_t tokens_per_step = config_.batch_size * config_.seq_len * config_.grad_accum;
+  const int64_t tokens_per_step = options_.batch_size() * task_->seq_len() * options_.grad_accum();
+  const int64_t steps_per_epoch = options_.steps_per_epoch();
   const auto t_start = Clock::now();
   auto t_log = t_start;
   double interval_loss = 0;
@@ -373,7 +379,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         log->info("interrupted at step {}: saved {}", state_.step, r.last_checkpoint);
         break;
       }
-      const double lr = learning_rate_at(config_, state_.step);
+      const double lr = learning_rate_at(options_, state_.step);
       double loss_value = 0, grad_norm = 0;
       loss_value = train_step(&grad_norm);
       r.losses.push_back(loss_value);
@@ -382,11 +388,11 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       ++interval_steps;
 
       const int64_t step = state_.step;
-      const int64_t epoch = (step - 1) / config_.steps_per_epoch + 1;
-      const bool epoch_end = step % config_.steps_per_epoch == 0;
+      const int64_t epoch = (step - 1) / steps_per_epoch + 1;
+      const bool epoch_end = step % steps_per_epoch == 0;
       const bool last = step == total;
 
-      if (step % config_.log_every == 0 || last) {
+      if (step % options_.log_every() == 0 || last) {
         StepRecord rec;
         rec.step = step;
         rec.total_steps = total;
@@ -397,50 +403,54 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         rec.tokens_per_second = interval_steps * tokens_per_step / std::max(1e-9, seconds_since(t_log));
         rec.eta_seconds = (total - step) * seconds_since(t_start) / (step - r.start_step);
         log->info("step {:>6}/{} | epoch {}/{} | loss {:.6f} | lr {:.2e} | {:.0f} tok/s | ETA {:.0f}s",
-                  step, total, epoch, config_.epochs, rec.loss, lr, rec.tokens_per_second,
+                  step, total, epoch, options_.epochs(), rec.loss, lr, rec.tokens_per_second,
                   rec.eta_seconds);
-        append_metrics("{\"type\":\"train\",\"step\":" + std::to_string(step) +
-                       ",\"epoch\":" + std::to_string(epoch) + ",\"loss\":" + json_number(loss_value) +
-                       ",\"mean_loss\":" + json_number(rec.loss) + ",\"lr\":" + json_number(lr) +
-                       ",\"grad_norm\":" + json_number(grad_norm) +
-                       ",\"tokens_per_s\":" + json_number(rec.tokens_per_second) + "}");
+        append_metrics(nlohmann::ordered_json{{"type", "train"}, {"step", step}, {"epoch", epoch},
+                                              {"loss", number(loss_value)}, {"mean_loss", number(rec.loss)},
+                                              {"lr", number(lr)}, {"grad_norm", number(grad_norm)},
+                                              {"tokens_per_s", number(rec.tokens_per_second)}}
+                           .dump());
         if (on_progress) on_progress(rec);
         t_log = Clock::now();
         interval_loss = 0;
         interval_steps = 0;
       }
       if (epoch_end) {
-        const double mean = state_.epoch_loss_sum / config_.steps_per_epoch;
+        const double mean = state_.epoch_loss_sum / steps_per_epoch;
         r.epoch_losses.push_back(mean);
-        log->info("epoch {}/{}: mean loss {:.6f}", epoch, config_.epochs, mean);
-        append_metrics("{\"type\":\"epoch\",\"step\":" + std::to_string(step) + ",\"epoch\":" +
-                       std::to_string(epoch) + ",\"loss\":" + json_number(mean) + "}");
+        log->info("epoch {}/{}: mean loss {:.6f}", epoch, options_.epochs(), mean);
+        append_metrics(nlohmann::ordered_json{
+            {"type", "epoch"}, {"step", step}, {"epoch", epoch}, {"loss", number(mean)}}.dump());
         state_.epoch_loss_sum = 0;
       }
-      const bool eval_due = (config_.eval_every > 0 ? step % config_.eval_every == 0 : epoch_end) || last;
+      const bool eval_due = (options_.eval_every() > 0 ? step % options_.eval_every() == 0 : epoch_end) || last;
       if (eval_due) {
         r.last_eval = validate();
         const auto& m = r.last_eval;
         log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
                   step, m.loss, m.perplexity, 100 * m.accuracy, 100 * m.exact_match);
-        append_metrics("{\"type\":\"eval\",\"step\":" + std::to_string(step) + ",\"loss\":" +
-                       json_number(m.loss) + ",\"perplexity\":" + json_number(m.perplexity) +
-                       ",\"scored_loss\":" + json_number(m.scored_loss) + ",\"accuracy\":" +
-                       json_number(m.accuracy) + ",\"exact_match\":" + json_number(m.exact_match) + "}");
+        append_metrics(nlohmann::ordered_json{{"type", "eval"}, {"step", step}, {"loss", number(m.loss)},
+                                              {"perplexity", number(m.perplexity)},
+                                              {"scored_loss", number(m.scored_loss)},
+                                              {"accuracy", number(m.accuracy)},
+                                              {"exact_match", number(m.exact_match)}}
+                           .dump());
         if (m.loss < state_.best_val_loss) {
           state_.best_val_loss = m.loss;
-          save(best_path.string());
-          r.best_checkpoint = best_path.string();
+          if (writes_files()) {
+            save(best_path.string());
+            r.best_checkpoint = best_path.string();
+          }
         }
-        r.solved = config_.stop_when_solved && task_->synthetic() && m.accuracy >= 1.0 &&
-                   m.scored_loss < config_.solve_loss;
+        r.solved = options_.stop_when_solved() && task_->synthetic() && m.accuracy >= 1.0 &&
+                   m.scored_loss < options_.solve_loss();
       }
       const bool save_due =
-          (config_.save_every > 0 ? step % config_.save_every == 0 : epoch_end) || last || r.solved;
+          (options_.save_every() > 0 ? step % options_.save_every() == 0 : epoch_end) || last || r.solved;
       if (save_due) write_step_checkpoint(r);
       if (r.solved) {
         log->info("solved at step {}: validation accuracy 100% and loss on predictable positions "
-                  "{:.2e} < solve-loss {}", step, r.last_eval.scored_loss, config_.solve_loss);
+                  "{:.2e} < solve_loss {}", step, r.last_eval.scored_loss, options_.solve_loss());
         break;
       }
     }
@@ -452,7 +462,8 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                              : "the last good checkpoint is " + kept);
   }
   r.end_step = state_.step;
-  if (r.best_checkpoint.empty() && fs::exists(best_path)) r.best_checkpoint = best_path.string();
+  if (r.best_checkpoint.empty() && writes_files() && fs::exists(best_path))
+    r.best_checkpoint = best_path.string();
   return r;
 }
 

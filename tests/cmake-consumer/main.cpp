@@ -5,7 +5,7 @@
 
 int main() {
   torch::manual_seed(0);
-  tinylm::nn::TinyAttentionLM model(tinylm::nn::TinyAttentionLMOptions(64, 32, 4, 12));
+  tinylm::nn::TinyAttentionLM model(tinylm::nn::TinyAttentionLMOptions(64, 12, 32, 4));
   auto ids = torch::randint(64, {2, 12}, torch::kLong);
   auto out = model->forward(ids, /*return_weights=*/true);
   const bool ok = out.logits.sizes() == torch::IntArrayRef({2, 12, 64}) &&

@@ -9,12 +9,12 @@ using namespace tinylm::nn;
 using tinylm::test::max_abs_diff;
 
 TEST_CASE(".to(cuda) moves parameters and buffers", "[cuda]") {
-  TinyAttentionLM model(TinyAttentionLMOptions(64, 32, 4, 12));
+  TinyAttentionLM model(TinyAttentionLMOptions(64, 12, 32, 4));
   model->to(torch::kCUDA);
   for (const auto& p : model->parameters()) CHECK(p.is_cuda());
   for (const auto& b : model->buffers()) CHECK(b.is_cuda());
   CHECK(model->attention->causal_mask.is_cuda());
-  CHECK(model->positions->pe.is_cuda());
+  CHECK(model->sinusoidal_positions->pe.is_cuda());
 }
 
 TEST_CASE("CUDA forward matches CPU forward", "[cuda]") {
@@ -31,7 +31,7 @@ TEST_CASE("CUDA forward matches CPU forward", "[cuda]") {
 TEST_CASE("TinyAttentionLM learns the repeat task on CUDA", "[cuda][train]") {
   torch::manual_seed(0);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  TinyAttentionLM model(TinyAttentionLMOptions(32, 16, 4, 10));
+  TinyAttentionLM model(TinyAttentionLMOptions(32, 10, 16, 4));
   model->to(torch::kCUDA);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(5e-3));
   double first = 0, last = 0;

@@ -1,5 +1,6 @@
 #include "../test_util.h"
 
+#include <tinylm/run.h>
 #include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 
@@ -37,7 +38,7 @@ TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
     CHECK(task->name() == name);
     CHECK(task->vocab_size() == 64);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    auto b = task->sample(4, Split::train, gen, torch::kCPU);
+    auto b = task->sample(4, Split::train, gen);
     CHECK(b.inputs.sizes() == torch::IntArrayRef({4, 12}));
     CHECK(b.inputs.max().item<int64_t>() < 64);
   }
@@ -66,7 +67,7 @@ TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes
   CHECK(task.train_bytes() == 80);
   CHECK(task.validation_bytes() == 20);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  auto b = task.sample(16, Split::validation, gen, torch::kCPU);
+  auto b = task.sample(16, Split::validation, gen);
   CHECK(b.inputs.sizes() == torch::IntArrayRef({16, 8}));
   // Consecutive bytes of the alphabet: each target is the next letter.
   CHECK(torch::equal((b.inputs - 'a' + 1) % 26, b.targets - 'a'));

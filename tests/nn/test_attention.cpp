@@ -75,7 +75,7 @@ TEST_CASE("causal mask: no weight on the future, rows sum to one", "[nn][attenti
 TEST_CASE("causal mask: changing tokens at positions >= 4 leaves earlier outputs unchanged",
           "[nn][attention][causal]") {
   torch::manual_seed(2);
-  TinyAttentionLM model(TinyAttentionLMOptions(64, 32, 4, 12));
+  TinyAttentionLM model(TinyAttentionLMOptions(64, 12, 32, 4));
   auto ids = torch::randint(64, {2, 12}, torch::kLong);
   auto changed = ids.clone();
   changed.narrow(1, 4, 8).copy_((changed.narrow(1, 4, 8) + 7) % 64);

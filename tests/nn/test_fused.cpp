@@ -3,8 +3,8 @@
 
 #include <tinylm/nn/attention.h>
 #include <tinylm/generate.h>
-#include <tinylm/nn/fused_attention.h>
-#include <tinylm/nn/fused_tiny_lm.h>
+#include "nn/fused_attention.h"
+#include "nn/fused_tiny_lm.h"
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 
@@ -163,7 +163,12 @@ TEST_CASE("flat Adam's update matches LibTorch's to float rounding, also at beta
   torch::manual_seed(5);
   struct Holder : torch::nn::Module {
     torch::Tensor w;
-    Holder() { w = register_parameter("w", torch::zeros({64, 64})); }  // a matrix: AdamW decays it
+    Holder() {  // a Linear layer's weight: AdamW decays it
+      auto layer = register_module("lin", torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false)));
+      w = layer->weight;
+      torch::NoGradGuard no_grad;
+      w.zero_();
+    }
   };
   Holder a, b;
   train::AdamConfig c;
@@ -183,7 +188,7 @@ TEST_CASE("flat Adam's update matches LibTorch's to float rounding, also at beta
   auto relative = [](const torch::Tensor& x, const torch::Tensor& y) {
     return max_abs_diff(x, y) / y.abs().max().item<double>();
   };
-  const auto v_ref = ref->state_dict().at("w.exp_avg_sq");
+  const auto v_ref = ref->state_dict().at("lin.weight.exp_avg_sq");
   const auto v_flat = flat->state_dict().at("exp_avg_sq").view({64, 64});
   const double v_rel = relative(v_flat, v_ref), p_rel = relative(b.w.detach(), a.w.detach());
   INFO("second moment " << v_rel << ", parameters " << p_rel << " (relative)");
@@ -229,7 +234,7 @@ TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputat
   CHECK(cache.length == 10);
   CHECK(max_abs_diff(torch::cat({first, rest}, 1), full) < 1e-4);
 
-  TinyAttentionLM tiny(TinyAttentionLMOptions(50, 16, 4, 12));
+  TinyAttentionLM tiny(TinyAttentionLMOptions(50, 12, 16, 4));
   KVCache tc;
   auto t1 = tiny->forward_cached(ids.narrow(1, 0, 9), tc);
   auto t2 = tiny->forward_cached(ids.narrow(1, 9, 1), tc);
@@ -251,7 +256,7 @@ TEST_CASE("the fused TinyAttentionLM loss is exact for an overconfident model",
   // Logits hundreds of nats apart: the true cross-entropy is in the hundreds. A loss
   // formed from a clamped probability would stop at -ln(1e-38) = 87.5 per token.
   torch::manual_seed(9);
-  TinyAttentionLM m(TinyAttentionLMOptions(16, 8, 2, 6));
+  TinyAttentionLM m(TinyAttentionLMOptions(16, 6, 8, 2));
   {
     torch::NoGradGuard g;
     m->lm_head->weight.mul_(2000.0);
@@ -271,8 +276,8 @@ TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradi
                                         std::make_tuple(50, 16, 1, 1, 3));
   INFO("V " << V << " D " << D << " H " << H << " T " << T << " B " << B);
   torch::manual_seed(V + T);
-  TinyAttentionLM a(TinyAttentionLMOptions(V, D, H, 12).fused_attention(false));
-  TinyAttentionLM b(TinyAttentionLMOptions(V, D, H, 12));
+  TinyAttentionLM a(TinyAttentionLMOptions(V, 12, D, H).attention_kernel(AttentionKernel::plain));
+  TinyAttentionLM b(TinyAttentionLMOptions(V, 12, D, H));
   {
     torch::NoGradGuard g;
     auto src = a->named_parameters();

@@ -11,7 +11,7 @@ using tinylm::test::error_message;
 using tinylm::test::max_abs_diff;
 
 TEST_CASE("TinyAttentionLM: logits (B, T, V) and weights (B, H, T, T)", "[nn][model]") {
-  TinyAttentionLM model(TinyAttentionLMOptions(64, 32, 4, 12));
+  TinyAttentionLM model(TinyAttentionLMOptions(64, 12, 32, 4));
   auto out = model->forward(torch::randint(64, {2, 12}, torch::kLong), true);
   CHECK(out.logits.sizes() == torch::IntArrayRef({2, 12, 64}));
   REQUIRE(out.attention.size() == 1);
@@ -25,7 +25,7 @@ TEST_CASE("TinyAttentionLM: logits (B, T, V) and weights (B, H, T, T)", "[nn][mo
 }
 
 TEST_CASE("language models validate token ids", "[nn][model][errors]") {
-  TinyAttentionLM tiny(TinyAttentionLMOptions(16, 8, 2, 6));
+  TinyAttentionLM tiny(TinyAttentionLMOptions(16, 6, 8, 2));
   TransformerLM deep(TransformerLMOptions(16, 6, 8, 2, 1));
   CHECK_THAT(error_message([&] { tiny->forward(torch::zeros({1, 7}, torch::kLong)); }),
              Catch::Contains("TinyAttentionLM: sequence length 7 exceeds context_length 6"));

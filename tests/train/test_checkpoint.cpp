@@ -1,5 +1,8 @@
 #include "../test_util.h"
 
+#include "internal/system.h"
+
+#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
@@ -44,8 +47,8 @@ RunConfig small_transformer() {
 }  // namespace
 
 TEST_CASE("CRC-32 matches the standard check value", "[checkpoint]") {
-  CHECK(crc32("123456789", 9) == 0xCBF43926u);
-  CHECK(crc32("", 0) == 0u);
+  CHECK(internal::crc32("123456789", 9) == 0xCBF43926u);
+  CHECK(internal::crc32("", 0) == 0u);
 }
 
 TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[checkpoint]") {
@@ -53,15 +56,18 @@ TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[che
   RunConfig c = small_transformer();
   c.out_dir = dir.string();
   c.lr = 1.25e-3;
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   const auto path = (dir / "a.ckpt").string();
   trainer.save(path);
   auto ck = read_checkpoint(path);
   CHECK(ck.format_version == kCheckpointFormatVersion);
-  CHECK(to_toml(ck.config) == to_toml(c));
+  CHECK(ck.recipe == to_toml(c));
+  CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
+  CHECK(ck.architecture.kind == "transformer");
+  CHECK(ck.architecture.options.at("d_model") == "16");
   CHECK(ck.state.step == 0);
   CHECK(ck.state.data_rng_state.defined());
-  auto model = build_model(ck.config);
+  auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
   auto a = trainer.model()->named_parameters(), b = model->named_parameters();
   for (const auto& p : a) CHECK(torch::equal(p.value(), b[p.key()]));
@@ -75,7 +81,7 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
   const auto dir = scratch("bad");
   RunConfig c = small_transformer();
   c.out_dir = dir.string();
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   const auto good = dir / "good.ckpt";
   trainer.save(good.string());
   const std::string bytes = read_bytes(good);
@@ -148,42 +154,51 @@ TEST_CASE("resolve_checkpoint_path picks the newest step in a run directory", "[
              Catch::Contains("holds no step-*.ckpt checkpoint"));
 }
 
-// ---- format 1: the fixtures ----------------------------------------------------------
+// ---- earlier formats: the fixtures ----------------------------------------------------
 //
-// tests/fixtures holds two checkpoints written by tinylm's format-1 code (a LibTorch
-// archive): the reference model with the flat Adam, and a one-layer transformer with
-// LibTorch's AdamW and dropout, each after 12 steps of the repeat task. Their evaluation
-// loss (5 batches, seed 1234) and the losses of steps 13-16 after resuming were recorded
-// by that same code; reading the files today must reproduce them.
+// tests/fixtures holds checkpoints written by earlier tinylm code: format 1 (a LibTorch
+// archive) and format 2 (safetensors, the run config as the only model description).
+// Each format has the reference model with the flat Adam, and a one-layer transformer
+// with LibTorch's AdamW and dropout, each after 12 steps of the repeat task. Their
+// evaluation loss (5 batches, seed 1234) and the losses of steps 13-16 after resuming
+// were recorded by the code that wrote them; reading the files today must reproduce
+// them. Every later format adds its own fixtures to this list; none is ever removed.
 
-TEST_CASE("format-1 checkpoints still load, evaluate and resume exactly", "[checkpoint][compat]") {
+TEST_CASE("checkpoints of every earlier format still load, evaluate and resume exactly",
+          "[checkpoint][compat]") {
   struct Fixture {
     const char* file;
+    uint32_t format;
     double eval_loss;
     std::array<double, 4> next_losses;
   };
-  const Fixture f = GENERATE(
-      Fixture{"v1-tiny-adam-step12.ckpt", 4.20962868,
-              {4.1598472595214844, 4.0449504852294922, 4.3370833396911621, 4.0504159927368164}},
-      Fixture{"v1-transformer-adamw-step12.ckpt", 3.54752172,
-              {3.5225563049316406, 3.5407850742340088, 3.5292942523956299, 3.3616440296173096}});
+  const std::array<double, 4> tiny_next = {4.1598472595214844, 4.0449504852294922,
+                                           4.3370833396911621, 4.0504159927368164};
+  const std::array<double, 4> transformer_next = {3.5225563049316406, 3.5407850742340088,
+                                                  3.5292942523956299, 3.3616440296173096};
+  const Fixture f = GENERATE_COPY(
+      Fixture{"v1-tiny-adam-step12.ckpt", 1, 4.20962868, tiny_next},
+      Fixture{"v1-transformer-adamw-step12.ckpt", 1, 3.54752172, transformer_next},
+      Fixture{"v2-tiny-adam-step12.ckpt", 2, 4.20962861, tiny_next},
+      Fixture{"v2-transformer-adamw-step12.ckpt", 2, 3.54752172, transformer_next});
   INFO(f.file);
   const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
   auto ck = read_checkpoint(path);
-  CHECK(ck.format_version == 1);
+  CHECK(ck.format_version == f.format);
   CHECK(ck.state.step == 12);
 
-  auto model = build_model(ck.config);
+  auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
-  auto task = data::make_task(ck.config);
-  const auto m = evaluate(*model, *task, 5, ck.config.batch_size, 1234, torch::kCPU);
+  const RunConfig stored = config_from_checkpoint(ck);
+  auto task = make_task(stored);
+  const auto m = evaluate(*model, *task, 5, stored.batch_size, 1234, torch::kCPU);
   CHECK(m.loss == Approx(f.eval_loss).epsilon(1e-6));
 
   const auto dir = scratch(std::string("fixture_") + f.file);
-  RunConfig c = ck.config;
+  RunConfig c = stored;
   c.epochs = 4;  // 16 steps: 4 past the checkpoint
   c.out_dir = dir.string();
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   trainer.resume(ck);
   for (double expected : f.next_losses) {
     const double loss = trainer.train_step();
@@ -206,7 +221,7 @@ namespace {
 std::string with_header(const std::string& good, const std::string& payload) {
   std::string out = good.substr(0, 32) + payload;
   for (int i = 0; i < 8; ++i) out[16 + i] = static_cast<char>((payload.size() >> (8 * i)) & 0xFF);
-  const uint32_t crc = crc32(payload.data(), payload.size());
+  const uint32_t crc = internal::crc32(payload.data(), payload.size());
   for (int i = 0; i < 4; ++i) out[24 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
   return out;
 }
@@ -224,7 +239,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   c.out_dir = dir.string();
   c.optimizer = "adamw";
   c.dropout = 0.1;
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   trainer.train_step();
   trainer.train_step();
   trainer.save((dir / "good.ckpt").string());
@@ -253,10 +268,10 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
     write_bytes(file, with_header(good, p));
     try {
       auto ck = read_checkpoint(file.string());
-      check_memory(ck.config, 1, /*training=*/false);
-      auto model = build_model(ck.config);
+      check_memory(config_from_checkpoint(ck), 1, /*training=*/false);
+      auto model = nn::build_model(ck.architecture);
       load_model_state(ck, *model);
-      Trainer resumed(c);
+      Trainer resumed = make_trainer(c);
       resumed.resume(ck);
       ++loaded;
     } catch (const c10::Error&) {
@@ -272,7 +287,7 @@ TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[chec
   const auto dir = scratch("nonfinite");
   RunConfig c = small_transformer();
   c.out_dir = dir.string();
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   trainer.train_step();
   {
     torch::NoGradGuard no_grad;
@@ -289,11 +304,11 @@ TEST_CASE("a checkpoint holding NaN weights is refused when loaded", "[checkpoin
   const auto dir = scratch("nanload");
   RunConfig c = small_transformer();
   c.out_dir = dir.string();
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   trainer.save((dir / "good.ckpt").string());
   auto ck = read_checkpoint((dir / "good.ckpt").string());
   ck.model["ln_f.bias"][0] = std::numeric_limits<float>::infinity();
-  auto model = build_model(ck.config);
+  auto model = nn::build_model(ck.architecture);
   CHECK_THAT(error_message([&] { load_model_state(ck, *model); }),
              Catch::Contains("holds NaN or infinite weights in 'ln_f.bias'"));
 }

@@ -1,5 +1,6 @@
 #include "../test_util.h"
 
+#include <tinylm/run.h>
 #include <tinylm/train/trainer.h>
 
 #include <cmath>
@@ -27,7 +28,7 @@ RunConfig quiet(const std::string& name) {
 
 TEST_CASE("the reference run trains the repeat task to < 0.01 and 100% accuracy", "[train][slow]") {
   RunConfig c = quiet("reference");
-  Trainer trainer(c);
+  Trainer trainer = make_trainer(c);
   auto r = trainer.fit();
   REQUIRE(r.epoch_losses.size() == 3);
   INFO("epoch means " << r.epoch_losses[0] << " " << r.epoch_losses[1] << " " << r.epoch_losses[2]);
@@ -45,13 +46,13 @@ TEST_CASE("the same config and seed give the same losses", "[train][reproducible
   c.dropout = 0.1;  // dropout draws from the seeded generator too
   c.epochs = 1;
   c.steps_per_epoch = 15;
-  auto a = Trainer(c).fit().losses;
+  auto a = make_trainer(c).fit().losses;
   c.out_dir = quiet("repro_b").out_dir;  // a run directory holds one run
-  auto b = Trainer(c).fit().losses;
+  auto b = make_trainer(c).fit().losses;
   CHECK(a == b);
   c.seed = 43;
   c.out_dir = quiet("repro_c").out_dir;
-  CHECK(Trainer(c).fit().losses != a);
+  CHECK(make_trainer(c).fit().losses != a);
 }
 
 TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
@@ -66,7 +67,7 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
   c.epochs = 2;
   c.steps_per_epoch = 10;
   c.save_every = 7;
-  const auto full = Trainer(c).fit();
+  const auto full = make_trainer(c).fit();
 
   std::atomic<bool> stop{false};
   // Stop after step 7 has been checkpointed: the stop flag is read between steps.
@@ -74,13 +75,13 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
   c7.log_every = 7;
   c7.out_dir += "_part";  // its own directory: the full run's checkpoints are elsewhere
   fs::remove_all(c7.out_dir);
-  Trainer part(c7);
+  Trainer part = make_trainer(c7);
   part.on_progress = [&](const StepRecord& rec) { if (rec.step == 7) stop = true; };
   auto r1 = part.fit(&stop);
   REQUIRE(r1.interrupted);
   REQUIRE(r1.end_step == 7);
 
-  Trainer resumed(c7);
+  Trainer resumed = make_trainer(c7);
   resumed.resume(read_checkpoint(resolve_checkpoint_path(c7.out_dir)));
   auto r2 = resumed.fit();
   REQUIRE(r2.start_step == 7);
@@ -100,13 +101,13 @@ TEST_CASE("learning rate: linear warmup then cosine to the floor", "[train][sche
   c.steps_per_epoch = 110;
   c.lr_schedule = "cosine";
   c.min_lr_ratio = 0.1;
-  CHECK(learning_rate_at(c, 0) == Approx(0.1));
-  CHECK(learning_rate_at(c, 9) == Approx(1.0));
-  CHECK(learning_rate_at(c, 10) == Approx(1.0));
-  CHECK(learning_rate_at(c, 60) == Approx(0.55));
-  CHECK(learning_rate_at(c, 110) == Approx(0.1));
+  CHECK(learning_rate_at(trainer_options(c), 0) == Approx(0.1));
+  CHECK(learning_rate_at(trainer_options(c), 9) == Approx(1.0));
+  CHECK(learning_rate_at(trainer_options(c), 10) == Approx(1.0));
+  CHECK(learning_rate_at(trainer_options(c), 60) == Approx(0.55));
+  CHECK(learning_rate_at(trainer_options(c), 110) == Approx(0.1));
   c.lr_schedule = "constant";
-  CHECK(learning_rate_at(c, 60) == 1.0);
+  CHECK(learning_rate_at(trainer_options(c), 60) == 1.0);
 }
 
 TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train][optim]") {
@@ -120,12 +121,12 @@ TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train
     c.lr = 0.05;
     c.epochs = 1;
     c.steps_per_epoch = 1;  // one step: later steps would see different gradients
-    Trainer t(c);
+    Trainer t = make_trainer(c);
     t.fit();
     return t.model()->named_parameters();
   };
   auto decayed = run(0.5, "adamw_decay"), plain = run(0.0, "adamw_plain");
-  for (const char* same : {"token_embedding.weight", "positions.weight", "blocks.0.ln1.weight",
+  for (const char* same : {"token_embedding.weight", "learned_positions.weight", "blocks.0.ln1.weight",
                            "blocks.0.attn.qkv_proj.bias", "ln_f.bias"}) {
     INFO(same);
     CHECK(torch::equal(decayed[same], plain[same]));
@@ -145,7 +146,7 @@ TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accu
     c.steps_per_epoch = 10;
     c.batch_size = batch;
     c.grad_accum = accum;
-    return Trainer(c).fit().losses;
+    return make_trainer(c).fit().losses;
   };
   auto one = run(16, 1, "accum1"), two = run(8, 2, "accum2");
   REQUIRE(one.size() == two.size());
@@ -163,7 +164,7 @@ TEST_CASE("a NaN loss stops training with a clear error and keeps the last check
   c.steps_per_epoch = 20;
   c.save_every = 5;
   c.log_every = 6;
-  Trainer t(c);
+  Trainer t = make_trainer(c);
   // After step 6 (step 5 is checkpointed), poison a weight: step 7's loss is NaN.
   t.on_progress = [&](const StepRecord& rec) {
     if (rec.step == 6) {
@@ -176,7 +177,7 @@ TEST_CASE("a NaN loss stops training with a clear error and keeps the last check
   CHECK_THAT(msg, Catch::Contains("the last good checkpoint is"));
   CHECK_THAT(msg, Catch::Contains("step-00000005.ckpt"));
   auto ck = read_checkpoint((fs::path(c.out_dir) / "step-00000005.ckpt").string());
-  auto model = build_model(ck.config);
+  auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
   CHECK_FALSE(model->parameters().front().isnan().any().item<bool>());
   CHECK_FALSE(fs::exists(fs::path(c.out_dir) / "step-00000007.ckpt"));
@@ -188,7 +189,7 @@ TEST_CASE("a solved task stops early when asked", "[train][solve]") {
   c.eval_every = 20;
   c.stop_when_solved = true;
   c.solve_loss = 0.05;
-  auto r = Trainer(c).fit();
+  auto r = make_trainer(c).fit();
   CHECK(r.solved);
   CHECK(r.end_step < c.total_steps());
   CHECK(r.last_eval.accuracy == 1.0);
@@ -201,7 +202,7 @@ TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
   c.steps_per_epoch = 10;
   c.save_every = 2;
   c.keep_last = 2;
-  Trainer(c).fit();
+  make_trainer(c).fit();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(c.out_dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());

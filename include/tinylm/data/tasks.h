@@ -9,10 +9,6 @@
 #include <memory>
 #include <string>
 
-namespace tinylm {
-struct RunConfig;
-}
-
 namespace tinylm::data {
 
 /// One batch: inputs (B, T) and targets (B, T) int64, targets = the row shifted by one;
@@ -26,7 +22,9 @@ struct Batch {
 
 enum class Split { train, validation };
 
-/// A source of batches plus the mapping between prompts and token ids.
+/// A source of batches plus the mapping between prompts and token ids: what a Trainer
+/// learns, what evaluate() scores (Batch::scored marks the positions that count for
+/// accuracy), and what sampling reads and writes. Implement it for a task of your own.
 class Task {
  public:
   virtual ~Task() = default;
@@ -35,12 +33,11 @@ class Task {
   virtual int64_t seq_len() const = 0;
   /// Synthetic tasks have a known answer: they are "solved" at 100% accuracy.
   virtual bool synthetic() const { return true; }
-  /// A batch made on `device`. On the CPU the ids come from `gen`, so a seed (and a saved
-  /// generator state) fixes the data exactly; on CUDA they come from that device's
-  /// default generator (seeded by torch::manual_seed). Synthetic tasks draw fresh rows
-  /// for either split; text draws windows from the chosen split of the file.
-  virtual Batch sample(int64_t batch_size, Split split, at::Generator& gen,
-                       torch::Device device) = 0;
+  /// A batch of CPU tensors drawn with `gen` (a CPU generator) alone, so a seed (and a
+  /// saved generator state) fixes the data exactly; the Trainer moves it to its device.
+  /// Synthetic tasks draw fresh rows for either split; text draws windows from the
+  /// chosen split of the file.
+  virtual Batch sample(int64_t batch_size, Split split, at::Generator& gen) = 0;
   /// A prompt as the user types it -> ids (1, T). Synthetic tasks: integers separated by
   /// spaces or commas; text: the prompt's bytes. Throws on an empty or invalid prompt.
   virtual torch::Tensor encode(const std::string& prompt) const;
@@ -60,6 +57,33 @@ Batch sequence_transform_batch(const std::string& kind, int64_t batch_size, int6
                                int64_t vocab_size, at::Generator& gen,
                                torch::Device device = torch::kCPU);
 
+/// The reference task as a Task (see repeat_batch).
+class RepeatTask : public Task {
+ public:
+  RepeatTask(int64_t seq_len, int64_t vocab_size);
+  std::string name() const override { return "repeat"; }
+  int64_t vocab_size() const override { return V_; }
+  int64_t seq_len() const override { return T_; }
+  Batch sample(int64_t batch_size, Split split, at::Generator& gen) override;
+
+ private:
+  int64_t T_, V_;
+};
+
+/// copy, reverse or sort as a Task (see sequence_transform_batch).
+class SequenceTransformTask : public Task {
+ public:
+  SequenceTransformTask(std::string kind, int64_t seq_len, int64_t vocab_size);
+  std::string name() const override { return kind_; }
+  int64_t vocab_size() const override { return V_; }
+  int64_t seq_len() const override { return T_; }
+  Batch sample(int64_t batch_size, Split split, at::Generator& gen) override;
+
+ private:
+  std::string kind_;
+  int64_t T_, V_;
+};
+
 /// Byte-level language modelling on a file: V = 256; the last `val_fraction` of the
 /// bytes is the validation split; batches are random windows of T + 1 bytes.
 class TextTask : public Task {
@@ -69,7 +93,7 @@ class TextTask : public Task {
   int64_t vocab_size() const override { return 256; }
   int64_t seq_len() const override { return seq_len_; }
   bool synthetic() const override { return false; }
-  Batch sample(int64_t batch_size, Split split, at::Generator& gen, torch::Device device) override;
+  Batch sample(int64_t batch_size, Split split, at::Generator& gen) override;
   torch::Tensor encode(const std::string& prompt) const override;
   std::string decode(const torch::Tensor& ids) const override;
   int64_t train_bytes() const { return train_.numel(); }
@@ -79,8 +103,5 @@ class TextTask : public Task {
   int64_t seq_len_;
   torch::Tensor train_, val_;  // uint8 on the CPU
 };
-
-/// The task a run config names (task, seq-len, vocab-size, data, val-fraction).
-std::unique_ptr<Task> make_task(const RunConfig& config);
 
 }  // namespace tinylm::data

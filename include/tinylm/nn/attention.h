@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 
 namespace tinylm::nn {
 
@@ -22,13 +23,17 @@ enum class AttentionKernel {
   automatic,
   /// Step by step: scores, mask, softmax, dropout, weighted sum. Always applies.
   plain,
-  /// tinylm's fused CPU kernel (nn/fused_attention.h): float32 on the CPU, no padding
+  /// tinylm's fused CPU kernel (src/nn/fused_attention.h): float32 on the CPU, no padding
   /// mask, no attention dropout in training, no weights asked for with autograd on.
   fused,
   /// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA): needs
   /// LibTorch >= 2, no padding mask, no weights asked for. Dropout is passed through.
   sdpa,
 };
+
+const char* to_string(AttentionKernel kernel);
+/// "automatic" | "plain" | "fused" | "sdpa"; throws on anything else.
+AttentionKernel attention_kernel_from_string(const std::string& name);
 
 struct MultiHeadSelfAttentionOptions {
   MultiHeadSelfAttentionOptions(int64_t d_model, int64_t n_heads, int64_t max_context_length)
@@ -93,6 +98,11 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   /// hold the earlier ones (undefined when empty) and are extended in place. The new
   /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
+
+  /// The kernel forward() runs for input x (B, T, D): options().kernel() where it
+  /// applies, else the step-by-step path. Every kernel decision in tinylm is made here.
+  AttentionKernel kernel_for(const torch::Tensor& x, bool return_weights,
+                             bool has_padding_mask) const;
 
   int64_t d_head() const { return options.d_model() / options.n_heads(); }
   int64_t n_heads() const { return options.n_heads(); }

@@ -51,8 +51,7 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, pre_ln) = true;
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, ln_eps) = 1e-5;
-  /// See MultiHeadSelfAttentionOptions::fused.
-  TORCH_ARG(bool, fused_attention) = true;
+  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
 };
 
 class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {

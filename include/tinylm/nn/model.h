@@ -6,13 +6,17 @@
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/embedding.h>
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,11 +36,24 @@ struct KVCache {
   int64_t length = 0;
 };
 
-/// The interface every tinylm language model implements, so that training,
-/// evaluation and generation work with any of them.
-class LanguageModelImpl : public torch::nn::Module {
+/// What a checkpoint records of a model so that it can be rebuilt without the code that
+/// configured it: the model's kind, the version of that kind's option set, and every
+/// option as text. build_model() reads it back for tinylm's own kinds.
+struct ModelArchitecture {
+  std::string kind;                             // "tiny", "transformer", or a user's name
+  int64_t version = 1;                          // of this kind's options
+  std::map<std::string, std::string> options;   // option name -> value
+};
+
+/// Targets equal to this are left out of loss(): positions nothing can predict.
+constexpr int64_t kIgnoreTarget = -100;
+
+/// The interface every language model implements, tinylm's own and a user's, so that
+/// training, evaluation and generation work with any of them. Derive from it (it is a
+/// torch::nn::Module, virtually, so that torch::nn::Cloneable<YourImpl> can be a base
+/// too), register parameters as usual and implement the pure virtual functions.
+class LanguageModelImpl : public virtual torch::nn::Module {
  public:
-  using torch::nn::Module::Module;
   /// ids: (B, T) int64 in [0, V), T <= context_length().
   virtual LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
                            const torch::Tensor& padding_mask = {}) = 0;
@@ -45,8 +62,28 @@ class LanguageModelImpl : public torch::nn::Module {
   /// Incremental decoding: logits (B, Tn, V) for new tokens ids (B, Tn) that follow the
   /// cache's; the cache is extended. cache.length + Tn must not exceed the context.
   virtual torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) = 0;
+
+  /// Mean next-token cross-entropy (a 0-dim float32 tensor) of ids (B, T) against
+  /// targets (B, T) int64, over the positions whose target is not kIgnoreTarget. Training
+  /// and evaluation both use it. The default is next_token_loss(forward(ids).logits,
+  /// targets); a model overrides it where it has a faster way to the same number.
+  virtual torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets);
+
+  /// What a checkpoint stores to rebuild this model (see ModelArchitecture). The default
+  /// names the C++ type with no options: such a model is rebuilt by the user's code.
+  virtual ModelArchitecture architecture() const;
 };
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
+
+/// Mean cross-entropy of logits (B, T, V) against targets (B, T), computed in float32 and
+/// skipping kIgnoreTarget; with `per_position`, the (B, T) losses instead (0 where ignored).
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                              bool per_position = false);
+
+/// tinylm's own model of that architecture (kind "tiny" or "transformer"), on the CPU,
+/// initialised from LibTorch's default generator. Options it does not know are skipped
+/// with a warning, missing ones take their defaults; another kind is an error.
+LanguageModel build_model(const ModelArchitecture& architecture);
 
 /// Checks ids for any language model: rank 2, int64, 1 <= T <= context, ids in [0, V).
 void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
@@ -54,39 +91,56 @@ void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_si
 
 // ---- the reference model -------------------------------------------------------
 
+/// Constructor arguments in one order for every tinylm model: vocabulary, context,
+/// width, heads (then layers). Everything else is a named option.
 struct TinyAttentionLMOptions {
-  TinyAttentionLMOptions(int64_t vocab_size, int64_t d_model, int64_t n_heads,
-                         int64_t max_context_length)
-      : vocab_size_(vocab_size), d_model_(d_model), n_heads_(n_heads),
-        max_context_length_(max_context_length) {}
+  TinyAttentionLMOptions(int64_t vocab_size, int64_t context_length, int64_t d_model,
+                         int64_t n_heads)
+      : vocab_size_(vocab_size), context_length_(context_length), d_model_(d_model),
+        n_heads_(n_heads) {}
   TORCH_ARG(int64_t, vocab_size);
+  TORCH_ARG(int64_t, context_length);
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(int64_t, n_heads);
-  TORCH_ARG(int64_t, max_context_length);
   TORCH_ARG(double, pos_base) = 10000.0;
-  /// See MultiHeadSelfAttentionOptions::fused.
-  TORCH_ARG(bool, fused_attention) = true;
+  /// The attention kernel; with `fused` or `automatic`, loss() also runs the whole model
+  /// as one fused op where the attention would pick the fused kernel.
+  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
 };
 
 /// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
 /// LM head Linear(D, V). No norm, no MLP, no residual: exactly the reference.
-class TinyAttentionLMImpl : public LanguageModelImpl {
+class TinyAttentionLMImpl : public torch::nn::Cloneable<TinyAttentionLMImpl>,
+                            public LanguageModelImpl {
  public:
   explicit TinyAttentionLMImpl(const TinyAttentionLMOptions& options);
+  /// Builds the submodules afresh from the options (new random weights).
+  void reset() override;
   void pretty_print(std::ostream& os) const override;
   LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
                    const torch::Tensor& padding_mask = {}) override;
   int64_t vocab_size() const override { return options.vocab_size(); }
-  int64_t context_length() const override { return options.max_context_length(); }
+  int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  /// The fused whole-model loss where the attention would pick its fused kernel, the
+  /// default otherwise.
+  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets) override;
+  ModelArchitecture architecture() const override;
 
   TinyAttentionLMOptions options;
   TokenEmbedding token_embedding{nullptr};
-  SinusoidalPositionalEmbedding positions{nullptr};
+  SinusoidalPositionalEmbedding sinusoidal_positions{nullptr};
   MultiHeadSelfAttention attention{nullptr};
   torch::nn::Linear lm_head{nullptr};
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(false)},
+                           {2, torch::nn::AnyValue(torch::Tensor())})
 };
 TORCH_MODULE(TinyAttentionLM);
+
+/// The architecture a TinyAttentionLM with these options reports (without building it).
+ModelArchitecture architecture_of(const TinyAttentionLMOptions& options);
 
 // ---- the block stack -----------------------------------------------------------
 
@@ -118,16 +172,18 @@ struct TransformerLMOptions {
   TORCH_ARG(bool, tie_weights) = true;
   TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;
   TORCH_ARG(double, pos_base) = 10000.0;
-  /// See MultiHeadSelfAttentionOptions::fused.
-  TORCH_ARG(bool, fused_attention) = true;
+  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
 };
 
 /// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
 /// Init (GPT-2): Linear/Embedding weights N(0, 0.02), biases 0, and the residual
 /// projections (attn.out_proj, mlp.proj) N(0, 0.02 / sqrt(2 L)).
-class TransformerLMImpl : public LanguageModelImpl {
+class TransformerLMImpl : public torch::nn::Cloneable<TransformerLMImpl>,
+                          public LanguageModelImpl {
  public:
   explicit TransformerLMImpl(const TransformerLMOptions& options);
+  /// Builds the submodules afresh from the options and initialises them (GPT-2).
+  void reset() override;
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
   LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
@@ -140,6 +196,7 @@ class TransformerLMImpl : public LanguageModelImpl {
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  ModelArchitecture architecture() const override;
 
   TransformerLMOptions options;
   TokenEmbedding token_embedding{nullptr};
@@ -148,8 +205,15 @@ class TransformerLMImpl : public LanguageModelImpl {
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear lm_head{nullptr};  // only when not tied
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(false)},
+                           {2, torch::nn::AnyValue(torch::Tensor())})
 };
 TORCH_MODULE(TransformerLM);
+
+/// The architecture a TransformerLM with these options reports (without building it).
+ModelArchitecture architecture_of(const TransformerLMOptions& options);
 
 /// Number of distinct parameter tensors' elements: a tied tensor counts once.
 int64_t count_parameters(const torch::nn::Module& module);

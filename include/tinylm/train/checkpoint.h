@@ -8,21 +8,33 @@
 //   bytes 24..27  CRC-32 of the payload (uint32)
 //   bytes 28..31  reserved (0)
 //   bytes 32..    payload
-// Format 2 (written today): the payload is data only, laid out as a safetensors file:
+// Format 3 (written today): the payload is data only, laid out as a safetensors file:
 //   an 8-byte header length n, n bytes of JSON naming every tensor's dtype, shape and
-//   byte range (plus "__metadata__": the run config as TOML, the training state, the
-//   parameter names, the optimizer's kind), then the raw tensor bytes. Reading it parses
-//   JSON and copies bytes: no code is compiled or run, and every size and offset is
-//   checked against the file before anything is allocated.
-// Format 1 (read for old files): a LibTorch archive. LibTorch's loader compiles the
-//   TorchScript inside it, so a format-1 file must come from a trusted source; resuming
-//   from one writes format 2 from then on.
+//   byte range, then the raw tensor bytes. The JSON's "__metadata__" holds strings:
+//     format          "tinylm-checkpoint"
+//     tinylm_version  the writer's version
+//     model           JSON {"kind", "version", "options": {name: value}}: the model's
+//                     own architecture (LanguageModelImpl::architecture())
+//     state           JSON {"step", "best_val_loss", "epoch_loss_sum"}
+//     recipe          the application's text (the tinylm tool: its run config, TOML)
+//     parameter_names one per line, in the model's order
+//     optimizer_kind  Optimizer::kind(), or empty
+//   Tensors: model.<parameter>, optimizer.<key>, rng.data, rng.dropout.
+//   Reading parses JSON and copies bytes: no code is compiled or run, and every size and
+//   offset is checked against the file before anything is allocated. Metadata keys,
+//   state fields and tensor entries it does not know are skipped with a warning, so a
+//   later tinylm may add them without breaking this one.
+// Format 2 (read): the same layout, with the run config (TOML) instead of "model" and
+//   "recipe"; the architecture is derived from the config, read leniently.
+// Format 1 (read): a LibTorch archive. LibTorch's loader compiles the TorchScript inside
+//   it, so a format-1 file must come from a trusted source.
+// Formats 1 and 2 are migrated on reading (a transformer's "positions.*" parameters are
+// "learned_positions.*" since format 3); resuming from one writes format 3 from then on.
 // Files are written to a temporary name, fsync'ed, then renamed over the target, so a
 // crash at any moment leaves either the old file or the new one, never half of one.
 // A checkpoint is only written when every weight and optimizer value is finite.
 #pragma once
 
-#include <tinylm/config.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 
@@ -36,7 +48,7 @@
 
 namespace tinylm::train {
 
-constexpr uint32_t kCheckpointFormatVersion = 2;
+constexpr uint32_t kCheckpointFormatVersion = 3;
 
 /// Where training stands, besides the weights and the optimizer.
 struct TrainingState {
@@ -44,31 +56,33 @@ struct TrainingState {
   double best_val_loss = 1e300;       // lowest validation loss so far
   double epoch_loss_sum = 0.0;        // sum of this epoch's step losses so far
   torch::Tensor data_rng_state;       // the data generator (the position in the data)
-  torch::Tensor torch_rng_state;      // LibTorch's default CPU generator (dropout)
+  torch::Tensor dropout_rng_state;    // the Trainer's dropout generator (CPU runs)
 };
 
 /// What a checkpoint holds once it has been read and checked.
 struct Checkpoint {
   std::string path;
   uint32_t format_version = 0;
-  RunConfig config;                   // the full run config it was trained with
+  nn::ModelArchitecture architecture; // what nn::build_model() rebuilds
+  std::string recipe;                 // the application's text (the tool's run config)
   TrainingState state;
   std::vector<std::string> parameter_names;  // in the model's order
   TensorMap model;                    // parameter name -> weights (CPU)
   std::string optimizer_kind;         // Optimizer::kind(); empty when none was saved
-  TensorMap optimizer;                // the optimizer's own state (format 2)
+  TensorMap optimizer;                // the optimizer's own state (formats 2 and 3)
   /// Format 1 only: the LibTorch archive its optimizer state is read from.
   std::shared_ptr<torch::serialize::InputArchive> legacy_archive;
 };
 
 /// Writes atomically (temporary file, fsync, rename, fsync of the directory). Refuses,
 /// writing nothing, when a weight or an optimizer value is NaN or infinite.
-void save_checkpoint(const std::string& path, const RunConfig& config, nn::LanguageModelImpl& model,
-                     const Optimizer* optimizer, const TrainingState& state);
+void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
+                     const Optimizer* optimizer, const TrainingState& state,
+                     const std::string& recipe = "");
 
 /// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt, damaged or
 /// newer-format file, or anything that is not a regular file, is refused with an error
-/// naming the file and the problem.
+/// naming the file and the problem. Older formats are migrated (see above).
 Checkpoint read_checkpoint(const std::string& path);
 
 /// Copies the checkpoint's weights into `model` after checking that every parameter is
@@ -81,8 +95,5 @@ void load_optimizer_state(const Checkpoint& checkpoint, Optimizer& optimizer);
 
 /// A checkpoint file, or the newest "step-*.ckpt" in a run directory.
 std::string resolve_checkpoint_path(const std::string& file_or_dir);
-
-/// CRC-32 (IEEE 802.3), as zlib computes it.
-uint32_t crc32(const void* data, size_t size);
 
 }  // namespace tinylm::train

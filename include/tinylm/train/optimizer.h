@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,10 @@ struct AdamConfig {
   bool decoupled = false;
 };
 
-/// AdamW decays matrices only: not biases, norms, or embeddings (token or position).
-bool is_decayed(const std::string& name, const torch::Tensor& parameter);
+/// The parameters AdamW decays, by the kind of module that owns them: the weights of
+/// torch::nn::Linear layers. Biases, norms and embedding tables (token or position) are
+/// not decayed, in tinylm's models and in a user's alike.
+std::set<std::string> decayed_parameters(const torch::nn::Module& model);
 
 class Optimizer {
  public:
@@ -54,7 +57,8 @@ std::unique_ptr<Optimizer> make_torch_adam(torch::nn::Module& model, const AdamC
 /// The same update, fused: the model's parameters are re-pointed at views of one flat
 /// buffer and their gradients at views of another, so zeroing, clipping and the update
 /// are each one pass over memory (a single loop on the CPU). Call after the model is on
-/// its device; the model must not be moved afterwards.
+/// its device and dtype: moving or casting the model afterwards (or replacing a parameter
+/// or its gradient) makes the next zero_grad/clip/step throw instead of training nothing.
 std::unique_ptr<Optimizer> make_flat_adam(torch::nn::Module& model, const AdamConfig& config);
 
 }  // namespace tinylm::train

@@ -1,8 +1,7 @@
-// Training and evaluation of a language model on a task, from a RunConfig.
+// Training and evaluation of any language model on any task.
 // B = batch, T = sequence length, V = vocab size
 #pragma once
 
-#include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
@@ -10,6 +9,7 @@
 #include <tinylm/train/run_directory.h>
 
 #include <ATen/core/Generator.h>
+#include <torch/arg.h>
 #include <torch/types.h>
 
 #include <atomic>
@@ -24,9 +24,6 @@ namespace tinylm::train {
 /// "auto" (CUDA when present), "cpu", "cuda" or "cuda:N". Asking for CUDA where there
 /// is none, or for a device index that does not exist, is an error.
 torch::Device resolve_device(const std::string& spec);
-
-/// The model a run config describes (model = tiny | transformer), on the CPU.
-nn::LanguageModel build_model(const RunConfig& config);
 
 /// Figures of one evaluation.
 struct EvalMetrics {
@@ -45,8 +42,77 @@ struct EvalMetrics {
 EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t batches,
                      int64_t batch_size, uint64_t seed, torch::Device device);
 
+enum class OptimizerKind { adam, adamw };
+
+/// Adam, or AdamW with decoupled weight decay on decayed_parameters() only.
+struct OptimizerOptions {
+  TORCH_ARG(OptimizerKind, kind) = OptimizerKind::adam;
+  TORCH_ARG(double, lr) = 5e-3;
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, eps) = 1e-8;
+  /// AdamW only.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// The update over one flat buffer (make_flat_adam) instead of LibTorch's optimizer.
+  TORCH_ARG(bool, flat) = true;
+};
+
+enum class LRSchedule { constant, cosine };
+
+/// Linear warmup over warmup_steps, then constant, or cosine decay to lr * min_lr_ratio
+/// at the last step.
+struct ScheduleOptions {
+  TORCH_ARG(LRSchedule, kind) = LRSchedule::constant;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(double, min_lr_ratio) = 0.1;
+};
+
+/// How a Trainer trains. The defaults are the reference run's (the model and the task
+/// are the Trainer's other two parts).
+struct TrainerOptions {
+  TORCH_ARG(OptimizerOptions, optimizer);
+  TORCH_ARG(ScheduleOptions, schedule);
+  TORCH_ARG(int64_t, batch_size) = 16;
+  TORCH_ARG(int64_t, epochs) = 3;
+  TORCH_ARG(int64_t, steps_per_epoch) = 120;
+  /// Micro-batches per optimizer step.
+  TORCH_ARG(int64_t, grad_accum) = 1;
+  /// Max global gradient norm; 0 = no clipping.
+  TORCH_ARG(double, grad_clip) = 0.0;
+  /// Seeds the Trainer's own generators: the data (seed + 1) and dropout (seed + 2).
+  TORCH_ARG(uint64_t, seed) = 42;
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// bf16 autocast for the forward pass (CUDA only).
+  TORCH_ARG(bool, bf16) = false;
+  /// Steps between progress records.
+  TORCH_ARG(int64_t, log_every) = 40;
+  /// Steps between validations; 0 = at the end of every epoch.
+  TORCH_ARG(int64_t, eval_every) = 0;
+  TORCH_ARG(int64_t, eval_batches) = 8;
+  /// Where fit() writes step-N.ckpt, best.ckpt and metrics.jsonl; empty = fit() writes
+  /// nothing (call save() yourself).
+  TORCH_ARG(std::string, out_dir) = "";
+  /// Steps between checkpoints; 0 = at the end of every epoch.
+  TORCH_ARG(int64_t, save_every) = 0;
+  /// Step checkpoints kept (best.ckpt is kept apart).
+  TORCH_ARG(int64_t, keep_last) = 3;
+  /// Stop once validation accuracy is 100% and the loss on predictable positions is below
+  /// solve_loss (tasks with a known answer only).
+  TORCH_ARG(bool, stop_when_solved) = false;
+  TORCH_ARG(double, solve_loss) = 0.01;
+  /// Text stored verbatim in every checkpoint for the application (the tinylm tool keeps
+  /// its run config there, to resume with the same settings).
+  TORCH_ARG(std::string, recipe) = "";
+
+ public:
+  int64_t total_steps() const { return epochs_ * steps_per_epoch_; }
+};
+
+/// Throws, naming the option, its value and the rule, when an option is invalid.
+void validate(const TrainerOptions& options);
+
 /// The learning rate at `step` (0-based): linear warmup, then constant or cosine decay.
-double learning_rate_at(const RunConfig& config, int64_t step);
+double learning_rate_at(const TrainerOptions& options, int64_t step);
 
 /// One progress record.
 struct StepRecord {
@@ -73,20 +139,24 @@ struct FitResult {
   std::string best_checkpoint;
 };
 
-/// Trains a model as the RunConfig says: data, optimizer (Adam or AdamW with parameter
-/// groups), schedule, clipping, accumulation, periodic validation, checkpoints and the
-/// metrics file (out-dir/metrics.jsonl). Progress goes to the "tinylm" spdlog logger.
+/// Trains a model on a task: batches from the task, the model's own loss(), the optimizer
+/// and schedule of the options, clipping, accumulation, periodic validation, checkpoints
+/// and the metrics file (out_dir/metrics.jsonl). Progress goes to the "tinylm" spdlog
+/// logger. Its randomness (data, dropout) comes from its own generators seeded by
+/// options.seed: it changes neither LibTorch's global generator nor thread settings.
 class Trainer {
  public:
-  explicit Trainer(RunConfig config);
+  /// Moves the model to options.device and builds the optimizer over it. The task's
+  /// vocabulary must match the model's and its sequences fit the model's context.
+  Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, TrainerOptions options);
 
   /// Continues from a checkpoint: weights, optimizer, step, RNG states, data position.
-  /// Called before fit(); the checkpoint must fit the model this config builds.
+  /// Called before fit(); the checkpoint must fit the model.
   void resume(const Checkpoint& checkpoint);
 
-  /// Writes this run's checkpoints and metrics into `dir` (which becomes the config's
-  /// out-dir). Without it, fit() claims the config's out-dir itself: fresh for a new
-  /// run, resume after resume().
+  /// Writes this run's checkpoints and metrics into `dir` (which becomes out_dir).
+  /// Without it, fit() claims out_dir itself (when set): fresh for a new run, resume
+  /// after resume().
   void set_run_directory(std::shared_ptr<RunDirectory> dir);
 
   /// Runs until the last step, a solved task (when asked for), or `*stop` turning true
@@ -95,23 +165,23 @@ class Trainer {
   /// checkpointed, so the last checkpoint named in the error is a good one.
   FitResult fit(const std::atomic<bool>* stop = nullptr);
 
-  /// One optimizer step (grad-accum micro-batches): returns the loss; the global gradient
+  /// One optimizer step (grad_accum micro-batches): returns the loss; the global gradient
   /// norm before clipping goes to *grad_norm when clipping is on. Throws on a NaN or
   /// infinite loss before touching the weights.
   double train_step(double* grad_norm = nullptr);
 
-  /// Validation figures on the config's eval batches (fixed seed: comparable over time).
+  /// Validation figures on eval_batches batches (fixed seed: comparable over time).
   EvalMetrics validate();
 
-  /// Writes a checkpoint of the current state to `path`.
+  /// Writes a checkpoint of the current state to `path` (see save_checkpoint).
   void save(const std::string& path);
 
-  const RunConfig& config() const { return config_; }
+  const TrainerOptions& options() const { return options_; }
   nn::LanguageModel model() const { return model_; }
   data::Task& task() { return *task_; }
-  torch::Device device() const { return device_; }
+  torch::Device device() const { return options_.device(); }
   int64_t step() const { return state_.step; }
-  /// Called for every progress line (also logged); for a C++ user's own display.
+  /// Called for every progress record (also logged); for a C++ user's own display.
   std::function<void(const StepRecord&)> on_progress;
 
  private:
@@ -119,17 +189,17 @@ class Trainer {
   void write_step_checkpoint(FitResult& result);
   void append_metrics(const std::string& json_line);
   void sync_rng_state();
+  bool writes_files() const { return !options_.out_dir().empty(); }
 
-  RunConfig config_;
-  torch::Device device_;
+  TrainerOptions options_;
   nn::LanguageModel model_;
-  std::unique_ptr<data::Task> task_;
+  std::shared_ptr<data::Task> task_;
   std::unique_ptr<Optimizer> optimizer_;
   at::Generator data_gen_;
+  torch::Tensor dropout_rng_;  // the state of the Trainer's dropout generator
   TrainingState state_;
   bool resumed_ = false;
   std::shared_ptr<RunDirectory> run_dir_;
-  nn::TinyAttentionLMImpl* fused_tiny_ = nullptr;  // set when the fused loss applies
 };
 
 }  // namespace tinylm::train

@@ -1,0 +1,110 @@
+// The RunConfig layer: model, task, trainer options and Trainer from a run config.
+#include <tinylm/log.h>
+#include <tinylm/run.h>
+#include <tinylm/train/resources.h>
+
+#include "internal/generator_scope.h"
+#include "internal/system.h"
+
+#include <torch/torch.h>
+
+namespace tinylm {
+
+nn::ModelArchitecture model_architecture(const RunConfig& c) {
+  const auto kernel = c.fused_attention ? nn::AttentionKernel::automatic : nn::AttentionKernel::plain;
+  if (c.model == "tiny") {
+    return nn::architecture_of(
+        nn::TinyAttentionLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads)
+            .attention_kernel(kernel));
+  }
+  TORCH_CHECK(c.model == "transformer", "unknown model '", c.model, "': use tiny or transformer");
+  return nn::architecture_of(
+             nn::TransformerLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads,
+                                      c.n_layers)
+                 .mlp_expansion(c.mlp_expansion)
+                 .dropout(c.dropout)
+                 .attn_dropout(c.attn_dropout)
+                 .bias(c.bias)
+                 .pre_ln(c.pre_ln)
+                 .tie_weights(c.tie_weights)
+                 .positions(nn::position_encoding_from_string(c.positions))
+                 .attention_kernel(kernel));
+}
+
+nn::LanguageModel build_model(const RunConfig& c) {
+  validate(c);
+  const auto architecture = model_architecture(c);
+  // The reference run seeds LibTorch's generator with the run seed before building the
+  // model; the same stream is lent here, and the global generator is left alone.
+  auto state = internal::seeded_generator_state(torch::kCPU, static_cast<uint64_t>(c.seed));
+  internal::GeneratorScope scope(torch::kCPU, state);
+  return nn::build_model(architecture);
+}
+
+std::unique_ptr<data::Task> make_task(const RunConfig& c) {
+  if (c.task == "repeat") return std::make_unique<data::RepeatTask>(c.seq_len, c.vocab_size);
+  if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
+    return std::make_unique<data::SequenceTransformTask>(c.task, c.seq_len, c.vocab_size);
+  if (c.task == "text") return std::make_unique<data::TextTask>(c.data, c.seq_len, c.val_fraction);
+  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort or text");
+}
+
+train::TrainerOptions trainer_options(const RunConfig& c) {
+  validate(c);
+  train::TrainerOptions o;
+  o.optimizer()
+      .kind(c.optimizer == "adamw" ? train::OptimizerKind::adamw : train::OptimizerKind::adam)
+      .lr(c.lr)
+      .beta1(c.beta1)
+      .beta2(c.beta2)
+      .weight_decay(c.weight_decay)
+      .flat(c.fused_optimizer);
+  o.schedule()
+      .kind(c.lr_schedule == "cosine" ? train::LRSchedule::cosine : train::LRSchedule::constant)
+      .warmup_steps(c.warmup_steps)
+      .min_lr_ratio(c.min_lr_ratio);
+  o.batch_size(c.batch_size)
+      .epochs(c.epochs)
+      .steps_per_epoch(c.steps_per_epoch)
+      .grad_accum(c.grad_accum)
+      .grad_clip(c.grad_clip)
+      .seed(static_cast<uint64_t>(c.seed))
+      .device(train::resolve_device(c.device))
+      .bf16(c.bf16)
+      .log_every(c.log_every)
+      .eval_every(c.eval_every)
+      .eval_batches(c.eval_batches)
+      .out_dir(c.out_dir)
+      .save_every(c.save_every)
+      .keep_last(c.keep_last)
+      .stop_when_solved(c.stop_when_solved)
+      .solve_loss(c.solve_loss)
+      .recipe(to_toml(c));
+  return o;
+}
+
+train::Trainer make_trainer(const RunConfig& c) {
+  validate(c);
+  auto options = trainer_options(c);
+  TORCH_CHECK(!c.bf16 || options.device().is_cuda(),
+              "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
+  // Before anything large is allocated: a run that cannot fit is refused here.
+  train::check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
+  std::shared_ptr<data::Task> task = make_task(c);
+  TORCH_CHECK(task->vocab_size() == c.vocab_size, "task ", task->name(), " has vocab ",
+              task->vocab_size(), " but vocab-size is ", c.vocab_size);
+  return train::Trainer(build_model(c), std::move(task), std::move(options));
+}
+
+RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
+  RunConfig c;
+  std::vector<std::string> unknown;
+  apply_toml(c, ck.recipe, ck.path + " (stored config)", &unknown);
+  for (const auto& key : unknown)
+    logger()->warn("checkpoint '{}': its stored config sets '{}', which this tinylm does not know: "
+                   "ignored", ck.path, internal::printable(key));
+  validate(c);
+  return c;
+}
+
+}  // namespace tinylm
