@@ -209,6 +209,12 @@ void TinyAttentionLMImpl::reset() {
   lm_head = register_module("lm_head", torch::nn::Linear(D, V));
 }
 
+void TinyAttentionLMImpl::reset_parameters() {
+  token_embedding->reset_parameters();
+  attention->reset_parameters();
+  lm_head->reset_parameters();
+}
+
 ModelArchitecture TinyAttentionLMImpl::architecture() const { return architecture_of(options); }
 
 ModelArchitecture architecture_of(const TinyAttentionLMOptions& options) {

@@ -284,9 +284,16 @@ TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradi
     for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
   }
   auto ids = torch::randint(V, {B, T}, torch::kLong), targets = torch::randint(V, {B, T}, torch::kLong);
-  auto plain = torch::nn::functional::cross_entropy(a->forward(ids).logits.reshape({-1, V}), targets.reshape({-1}));
-  auto fused = fused_tiny_lm_loss(*b, ids, targets);
+  if (T > 1) targets.select(1, 0).fill_(kIgnoreTarget);  // an unscored first position
+  // Both through loss(): the plain model takes the default path, the other the fused op.
+  auto plain = a->loss(ids, targets);
+  auto fused = b->loss(ids, targets);
   CHECK(fused.dim() == 0);
+  CHECK(fused.item<double>() == fused_tiny_lm_loss(*b, ids, targets).item<double>());
+  const double by_hand = torch::nn::functional::cross_entropy(
+      a->forward(ids).logits.reshape({-1, V}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreTarget)).item<double>();
+  CHECK(plain.item<double>() == Approx(by_hand).epsilon(1e-6));
   CHECK(std::abs(plain.item<double>() - fused.item<double>()) < 1e-5);
   (plain * 3.0).backward();  // a non-unit upstream gradient
   (fused * 3.0).backward();

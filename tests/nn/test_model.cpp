@@ -131,3 +131,37 @@ TEST_CASE(".to(dtype) moves parameters and buffers of a whole model", "[nn][mode
   auto logits = model->forward(torch::randint(20, {1, 8}, torch::kLong)).logits;
   CHECK(logits.scalar_type() == torch::kFloat64);
 }
+
+TEST_CASE("an architecture rebuilds its model; unknown options are skipped, newer versions refused",
+          "[nn][model][architecture]") {
+  TransformerLM deep(TransformerLMOptions(30, 9, 16, 2, 3).positions(PositionEncoding::sinusoidal)
+                         .tie_weights(false).dropout(0.25).mlp_expansion(2));
+  auto arch = deep->architecture();
+  CHECK(arch.kind == "transformer");
+  auto rebuilt = build_model(arch);
+  auto* same = dynamic_cast<TransformerLMImpl*>(rebuilt.get());
+  REQUIRE(same);
+  CHECK(same->options.dropout() == 0.25);
+  CHECK(same->options.positions() == PositionEncoding::sinusoidal);
+  auto a = deep->named_parameters(), b = rebuilt->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (const auto& p : a) CHECK(b[p.key()].sizes() == p.value().sizes());
+
+  auto tiny = TinyAttentionLM(TinyAttentionLMOptions(20, 7, 8, 2))->architecture();
+  tiny.options["rotary_base"] = "500000";  // from a later tinylm: skipped with a warning
+  auto built = build_model(tiny);
+  CHECK(built->context_length() == 7);
+
+  auto newer = tiny;
+  newer.version = 2;
+  CHECK_THAT(error_message([&] { build_model(newer); }), Catch::Contains("upgrade tinylm"));
+  auto mine = tiny;
+  mine.kind = "mamba";
+  CHECK_THAT(error_message([&] { build_model(mine); }), Catch::Contains("cannot build a model of kind 'mamba'"));
+  auto huge = tiny;
+  huge.options["context_length"] = "100000000";  // 10^16 mask entries
+  CHECK_THAT(error_message([&] { build_model(huge); }), Catch::Contains("lower vocab_size, context_length"));
+  auto garbled = tiny;
+  garbled.options["d_model"] = "8x";
+  CHECK_THAT(error_message([&] { build_model(garbled); }), Catch::Contains("d_model = '8x'"));
+}

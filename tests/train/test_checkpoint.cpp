@@ -7,6 +7,7 @@
 #include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <array>
@@ -227,6 +228,53 @@ std::string with_header(const std::string& good, const std::string& payload) {
 }
 
 }  // namespace
+
+TEST_CASE("a checkpoint from a later tinylm with keys this one does not know still loads",
+          "[checkpoint][compat]") {
+  // A later version may add metadata, training-state fields, tensors and model options:
+  // each is skipped with a warning, and the rest loads, evaluates and resumes.
+  const auto dir = scratch("future");
+  RunConfig c = small_transformer();
+  c.out_dir = dir.string();
+  c.epochs = 1;
+  c.steps_per_epoch = 4;
+  Trainer trainer = make_trainer(c);
+  trainer.train_step();
+  trainer.save((dir / "now.ckpt").string());
+  const std::string good = read_bytes(dir / "now.ckpt");
+  const std::string payload = good.substr(32);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  auto index = nlohmann::json::parse(payload.substr(8, n));
+  std::string data = payload.substr(8 + n);
+  auto& meta = index["__metadata__"];
+  meta["sharding"] = "{\"rank\": 0}";
+  auto state = nlohmann::json::parse(meta["state"].get<std::string>());
+  state["tokens_seen"] = 1234;
+  meta["state"] = state.dump();
+  auto model = nlohmann::json::parse(meta["model"].get<std::string>());
+  model["options"]["rotary_base"] = "10000";
+  meta["model"] = model.dump();
+  index["ema.token_embedding.weight"] = {{"dtype", "F32"}, {"shape", {2}},
+                                         {"data_offsets", {data.size(), data.size() + 8}}};
+  data += std::string(8, '\0');
+  std::string json = index.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string rebuilt(8, '\0');
+  for (int i = 0; i < 8; ++i) rebuilt[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
+  rebuilt += json + data;
+  write_bytes(dir / "future.ckpt", with_header(good, rebuilt));
+
+  auto ck = read_checkpoint((dir / "future.ckpt").string());
+  CHECK(ck.state.step == 1);
+  CHECK(ck.architecture.options.count("rotary_base") == 1);
+  auto rebuilt_model = nn::build_model(ck.architecture);
+  load_model_state(ck, *rebuilt_model);
+  Trainer resumed = make_trainer(c);
+  resumed.resume(ck);
+  CHECK(std::isfinite(resumed.train_step()));
+  CHECK(resumed.step() == 2);
+}
 
 TEST_CASE("payload mutants with a valid checksum are refused cleanly or load whole",
           "[checkpoint][errors][fuzz]") {

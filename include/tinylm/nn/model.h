@@ -114,8 +114,11 @@ class TinyAttentionLMImpl : public torch::nn::Cloneable<TinyAttentionLMImpl>,
                             public LanguageModelImpl {
  public:
   explicit TinyAttentionLMImpl(const TinyAttentionLMOptions& options);
-  /// Builds the submodules afresh from the options (new random weights).
+  /// Builds the submodules from the options (the Cloneable contract: clone() calls it on
+  /// a copy whose submodules were cleared).
   void reset() override;
+  /// Draws fresh weights, as at construction.
+  void reset_parameters();
   void pretty_print(std::ostream& os) const override;
   LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
                    const torch::Tensor& padding_mask = {}) override;
@@ -182,8 +185,10 @@ class TransformerLMImpl : public torch::nn::Cloneable<TransformerLMImpl>,
                           public LanguageModelImpl {
  public:
   explicit TransformerLMImpl(const TransformerLMOptions& options);
-  /// Builds the submodules afresh from the options and initialises them (GPT-2).
+  /// Builds the submodules from the options and initialises them (GPT-2); clone() calls
+  /// it on a copy whose submodules were cleared.
   void reset() override;
+  /// Draws fresh weights, as at construction.
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
   LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
