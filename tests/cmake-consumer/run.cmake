@@ -14,4 +14,23 @@ step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}
      -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix"
      "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}")
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-step("${WORK_DIR}/build/consumer")
+# The README's example, run from outside the source tree: it trains its own model on its
+# own task to the stated target, saves, reloads and evaluates.
+execute_process(COMMAND "${WORK_DIR}/build/consumer" run WORKING_DIRECTORY "${WORK_DIR}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "accuracy 100.0% on new batches")
+  message(FATAL_ERROR "consumer test: the example failed (${rc})")
+endif()
+# Bad input ends in an exception the example catches: one line, exit 1, no terminate.
+function(expect_refusal what expected)
+  execute_process(COMMAND "${WORK_DIR}/build/consumer" ${ARGN} WORKING_DIRECTORY "${WORK_DIR}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "^error: [^\n]*${expected}" OR err MATCHES "terminate")
+    message(FATAL_ERROR "consumer test: ${what}: expected exit 1 and 'error: ...${expected}', got ${rc}: ${err}")
+  endif()
+  message("ok: ${what}: ${err}")
+endfunction()
+expect_refusal("zero steps" "steps_per_epoch must be >= 1, got 0" fresh 0)
+expect_refusal("steps not a number" "STEPS must be a whole number, got 'many'" fresh2 many)
+expect_refusal("an earlier run's directory" "already holds a run" run)
