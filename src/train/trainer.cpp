@@ -318,8 +318,8 @@ double Trainer::train_step(double* grad_norm) {
   }
   // Checked before the update, so the weights (and any checkpoint) stay good.
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
-              state_.step + 1, " (lr ", lr, "): training stopped. Try a lower lr, "
-              "grad-clip 1.0, or warmup-steps");
+              state_.step + 1, " (lr ", lr, "): training stopped. Try a lower learning rate, "
+              "gradient clipping (grad_clip 1.0) or warmup (warmup_steps)");
   const double clip = options_.grad_clip();
   const double norm = clip > 0 ? optimizer_->clip_grad_norm(clip) : 0.0;
   if (grad_norm) *grad_norm = norm;
