@@ -38,7 +38,8 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
                        const GenerateOptions& options);
 
 /// Applies temperature, top-k and top-p to logits (B, V) and returns the
-/// probabilities (B, V) that sampling draws from. Exposed for tests.
+/// probabilities (B, V) that sampling draws from: for a caller that samples in a loop
+/// of its own.
 torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options);
 
 }  // namespace tinylm

@@ -263,6 +263,9 @@ class FlatAdam final : public Optimizer {
     const double decay = c_.decoupled ? lr * c_.weight_decay : 0.0;
     torch::NoGradGuard no_grad;
     if (params_.device().is_cpu() && params_.scalar_type() == torch::kFloat32) {
+      // Layouts: p, g, m, v, d are flat float32 arrays of N values, one per parameter
+      // element, the model's parameters end to end in named_parameters() order; d is 1
+      // where AdamW decays (decayed_parameters()), 0 elsewhere.
       float* p = params_.data_ptr<float>();
       const float* g = grads_.data_ptr<float>();
       float* m = exp_avg_.data_ptr<float>();

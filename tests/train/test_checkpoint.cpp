@@ -158,7 +158,8 @@ TEST_CASE("resolve_checkpoint_path picks the newest step in a run directory", "[
 // ---- earlier formats: the fixtures ----------------------------------------------------
 //
 // tests/fixtures holds checkpoints written by earlier tinylm code: format 1 (a LibTorch
-// archive) and format 2 (safetensors, the run config as the only model description).
+// archive), format 2 (safetensors, the run config as the only model description) and
+// format 3 (the model's architecture stored apart from the run config).
 // Each format has the reference model with the flat Adam, and a one-layer transformer
 // with LibTorch's AdamW and dropout, each after 12 steps of the repeat task. Their
 // evaluation loss (5 batches, seed 1234) and the losses of steps 13-16 after resuming
@@ -181,7 +182,12 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
       Fixture{"v1-tiny-adam-step12.ckpt", 1, 4.20962868, tiny_next},
       Fixture{"v1-transformer-adamw-step12.ckpt", 1, 3.54752172, transformer_next},
       Fixture{"v2-tiny-adam-step12.ckpt", 2, 4.20962861, tiny_next},
-      Fixture{"v2-transformer-adamw-step12.ckpt", 2, 3.54752172, transformer_next});
+      Fixture{"v2-transformer-adamw-step12.ckpt", 2, 3.54752172, transformer_next},
+      // Format 3: dropout draws from the Trainer's own generator since, so the
+      // transformer's losses differ from the earlier formats' (it starts from the same weights).
+      Fixture{"v3-tiny-adam-step12.ckpt", 3, 4.20962858, tiny_next},
+      Fixture{"v3-transformer-adamw-step12.ckpt", 3, 3.54108720,
+              {3.5186946392059326, 3.5339415073394775, 3.528031349182129, 3.3532612323760986}});
   INFO(f.file);
   const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
   auto ck = read_checkpoint(path);
@@ -227,6 +233,13 @@ std::string with_header(const std::string& good, const std::string& payload) {
   return out;
 }
 
+/// The length of a payload's JSON index (its first 8 bytes, little-endian).
+uint64_t index_length(const std::string& payload) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint from a later tinylm with keys this one does not know still loads",
@@ -243,8 +256,7 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   trainer.save((dir / "now.ckpt").string());
   const std::string good = read_bytes(dir / "now.ckpt");
   const std::string payload = good.substr(32);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  const uint64_t n = index_length(payload);
   auto index = nlohmann::json::parse(payload.substr(8, n));
   std::string data = payload.substr(8 + n);
   auto& meta = index["__metadata__"];
@@ -293,8 +305,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   trainer.save((dir / "good.ckpt").string());
   const std::string good = read_bytes(dir / "good.ckpt");
   const std::string payload = good.substr(32);
-  uint64_t index_len = 0;
-  for (int i = 0; i < 8; ++i) index_len |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
+  const uint64_t index_len = index_length(payload);
   REQUIRE(index_len < payload.size());
 
   std::mt19937_64 rng(20261129);
