@@ -6,7 +6,6 @@
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/embedding.h>
 
-#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any_value.h>
@@ -50,9 +49,9 @@ constexpr int64_t kIgnoreTarget = -100;
 
 /// The interface every language model implements, tinylm's own and a user's, so that
 /// training, evaluation and generation work with any of them. Derive from it (it is a
-/// torch::nn::Module, virtually, so that torch::nn::Cloneable<YourImpl> can be a base
-/// too), register parameters as usual and implement the pure virtual functions.
-class LanguageModelImpl : public virtual torch::nn::Module {
+/// torch::nn::Module), register parameters as usual and implement the pure virtual
+/// functions; derive from CloneableLanguageModel<YourImpl> instead to get clone().
+class LanguageModelImpl : public torch::nn::Module {
  public:
   /// ids: (B, T) int64 in [0, V), T <= context_length().
   virtual LMOutput forward(const torch::Tensor& ids, bool return_weights = false,
@@ -74,6 +73,37 @@ class LanguageModelImpl : public virtual torch::nn::Module {
   virtual ModelArchitecture architecture() const;
 };
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
+
+/// torch::nn::Cloneable for language models (which cannot derive from both it and
+/// LanguageModelImpl: both are Modules, and LibTorch 2's Cloneable is not a virtual
+/// base). Derived has `options` and a constructor taking them, which calls reset() to
+/// build the submodules; clone() builds a new Derived from the same options and copies
+/// every parameter and buffer into it (onto `device` when given), in the same mode.
+template <typename Derived>
+class CloneableLanguageModel : public LanguageModelImpl {
+ public:
+  /// Builds the submodules from the options (the constructor calls it).
+  virtual void reset() = 0;
+
+  std::shared_ptr<torch::nn::Module> clone(
+      const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    torch::NoGradGuard no_grad;
+    const auto& self = static_cast<const Derived&>(*this);
+    auto copy = std::make_shared<Derived>(self.options);
+    copy->train(self.is_training());
+    auto copy_all = [&](auto&& from, auto&& to) {
+      TORCH_CHECK(from.size() == to.size(), "clone: the copy has ", to.size(), " tensors, the original ",
+                  from.size());
+      for (auto& item : to) {
+        const auto& source = from[item.key()];
+        item.value().set_data(device ? source.to(*device) : source.clone());
+      }
+    };
+    copy_all(self.named_parameters(), copy->named_parameters());
+    copy_all(self.named_buffers(), copy->named_buffers());
+    return copy;
+  }
+};
 
 /// Mean cross-entropy of logits (B, T, V) against targets (B, T), computed in float32 and
 /// skipping kIgnoreTarget; with `per_position`, the (B, T) losses instead (0 where ignored).
@@ -110,12 +140,10 @@ struct TinyAttentionLMOptions {
 
 /// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
 /// LM head Linear(D, V). No norm, no MLP, no residual: exactly the reference.
-class TinyAttentionLMImpl : public torch::nn::Cloneable<TinyAttentionLMImpl>,
-                            public LanguageModelImpl {
+class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
  public:
   explicit TinyAttentionLMImpl(const TinyAttentionLMOptions& options);
-  /// Builds the submodules from the options (the Cloneable contract: clone() calls it on
-  /// a copy whose submodules were cleared).
+  /// Builds the submodules from the options (the constructor calls it).
   void reset() override;
   /// Draws fresh weights, as at construction.
   void reset_parameters();
@@ -181,12 +209,11 @@ struct TransformerLMOptions {
 /// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
 /// Init (GPT-2): Linear/Embedding weights N(0, 0.02), biases 0, and the residual
 /// projections (attn.out_proj, mlp.proj) N(0, 0.02 / sqrt(2 L)).
-class TransformerLMImpl : public torch::nn::Cloneable<TransformerLMImpl>,
-                          public LanguageModelImpl {
+class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
  public:
   explicit TransformerLMImpl(const TransformerLMOptions& options);
-  /// Builds the submodules from the options and initialises them (GPT-2); clone() calls
-  /// it on a copy whose submodules were cleared.
+  /// Builds the submodules from the options and initialises them (GPT-2); the
+  /// constructor calls it.
   void reset() override;
   /// Draws fresh weights, as at construction.
   void reset_parameters();
