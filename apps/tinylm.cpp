@@ -10,7 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <algorithm>
@@ -18,6 +23,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -71,6 +77,9 @@ struct TrainArgs {
   std::string resume;
   bool print_config = false;
   bool overwrite = false;
+  int64_t nproc = 1;           // > 1: start that many data-parallel workers on this host
+  double dist_timeout = 60.0;  // seconds a rank waits for the others
+  std::vector<std::string> argv;  // the command line, for the workers --nproc starts
 };
 
 void add_config_options(CLI::App& cmd, TrainArgs& args) {
@@ -200,7 +209,104 @@ void print_heatmap(train::Trainer& trainer) {
                  trainer.task().decode(batch.inputs), ascii_heatmap(out.attention.back()[0][0]));
 }
 
+// ---- data-parallel launch -------------------------------------------------------------
+
+std::atomic<int> g_forward_signal{0};
+void on_launcher_signal(int sig) { g_forward_signal.store(sig); }
+
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "--nproc: cannot open a socket: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  TORCH_CHECK(ok, "--nproc: cannot find a free port on 127.0.0.1: ", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+/// `tinylm train --nproc N ...`: N copies of this command (without --nproc) as ranks
+/// 0..N-1 of one job on this host, torchrun's variables set. Signals are forwarded; when
+/// a worker fails, the others are stopped; the status is the first failure's.
+int launch_workers(const TrainArgs& args) {
+  TORCH_CHECK(!std::getenv("WORLD_SIZE"), "--nproc and a WORLD_SIZE environment variable "
+              "together: use one (--nproc starts the workers itself)");
+  TORCH_CHECK(args.nproc <= 1024, "--nproc ", args.nproc, " is more than 1024 workers");
+  std::vector<std::string> worker_args;
+  for (size_t i = 0; i < args.argv.size(); ++i) {
+    if (args.argv[i] == "--nproc") { ++i; continue; }
+    if (args.argv[i].rfind("--nproc=", 0) == 0) continue;
+    worker_args.push_back(args.argv[i]);
+  }
+  std::vector<char*> cargv;
+  for (auto& a : worker_args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const std::string port = std::to_string(free_loopback_port());
+  std::signal(SIGINT, on_launcher_signal);
+  std::signal(SIGTERM, on_launcher_signal);
+  std::vector<pid_t> workers;
+  for (int64_t rank = 0; rank < args.nproc; ++rank) {
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "--nproc: cannot start worker ", rank, ": ", std::strerror(errno));
+    if (pid == 0) {
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(args.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::execv("/proc/self/exe", cargv.data());
+      std::fprintf(stderr, "error: --nproc: cannot start worker %lld: %s\n",
+                   static_cast<long long>(rank), std::strerror(errno));
+      ::_exit(127);
+    }
+    workers.push_back(pid);
+  }
+  int status_out = 0;
+  size_t running = workers.size();
+  auto stop_all = [&](int sig) {
+    for (pid_t pid : workers)
+      if (pid > 0) ::kill(pid, sig);
+  };
+  while (running > 0) {
+    if (const int sig = g_forward_signal.exchange(0)) stop_all(sig);
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done <= 0) {
+      ::usleep(20000);
+      continue;
+    }
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i] != done) continue;
+      workers[i] = -1;
+      --running;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && status_out == 0) {
+        status_out = code;
+        std::fprintf(stderr, "error: worker rank %zu %s %d; stopping the other workers\n", i,
+                     WIFEXITED(status) ? "exited with status" : "was killed by signal",
+                     WIFEXITED(status) ? code : WTERMSIG(status));
+        stop_all(SIGTERM);
+      }
+    }
+  }
+  return status_out;
+}
+
 int run_train(const TrainArgs& args) {
+  TORCH_CHECK(args.nproc >= 1, "--nproc must be >= 1, got ", args.nproc);
+  TORCH_CHECK(std::isfinite(args.dist_timeout) && args.dist_timeout > 0,
+              "--dist-timeout must be > 0 seconds, got ", args.dist_timeout);
+  if (args.nproc > 1 && !args.print_config) return launch_workers(args);
+  std::optional<train::DistributedOptions> dist = train::distributed_from_environment();
+  const bool lead = !dist || dist->rank == 0;
+  if (!lead) logger()->set_level(spdlog::level::warn);  // rank 0 speaks for the job
   RunConfig cfg;
   std::optional<train::Checkpoint> ck;
   bool out_dir_chosen = false;
@@ -228,13 +334,29 @@ int run_train(const TrainArgs& args) {
     return 0;
   }
   // Every check before any output: settings, memory, data, threads, checkpoint fit, out-dir.
-  train::Trainer trainer = make_trainer(cfg);
+  std::shared_ptr<train::ProcessGroup> group;
+  if (dist) {
+    // c10d logs connection retries and timeouts through LibTorch's own logger, several
+    // lines each; the error tinylm reports says it in one. Keep them unless asked for.
+    if (!std::getenv("TORCH_CPP_LOG_LEVEL")) {
+      ::setenv("TORCH_CPP_LOG_LEVEL", "FATAL", 1);
+      c10::initLogging();
+    }
+    dist->timeout_seconds = args.dist_timeout;
+    group = train::ProcessGroup::connect(*dist);
+  }
+  train::Trainer trainer = make_trainer(cfg, group);
   set_cpu_threads(cfg.threads);
   if (ck) trainer.resume(*ck);
-  trainer.set_run_directory(claim_out_dir(args, cfg, ck ? &*ck : nullptr));
+  if (lead) trainer.set_run_directory(claim_out_dir(args, cfg, ck ? &*ck : nullptr));
+  if (group) group->barrier();  // no rank trains before rank 0 has claimed the out-dir
   print_model_facts(cfg, *trainer.model(), trainer.device());
+  if (group)
+    logger()->info("data-parallel: {} processes (c10d Gloo) | global batch {} = {} x {} processes x {} accumulation",
+                   group->world_size(), cfg.batch_size * group->world_size() * cfg.grad_accum,
+                   cfg.batch_size, group->world_size(), cfg.grad_accum);
   if (ck) logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
-  print_contracts(trainer);
+  if (lead) print_contracts(trainer);
 
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -252,7 +374,7 @@ int run_train(const TrainArgs& args) {
   log->info("final: train loss {:.6f} | validation loss {:.6f} | accuracy {:.2f}% | exact match {:.2f}%",
             result.losses.empty() ? 0.0 : result.losses.back(), m.loss, 100 * m.accuracy,
             100 * m.exact_match);
-  print_heatmap(trainer);
+  if (lead) print_heatmap(trainer);
   log->info("checkpoints: last {} | best {} | metrics {}/metrics.jsonl", result.last_checkpoint,
             result.best_checkpoint, cfg.out_dir);
   return 0;
@@ -419,6 +541,12 @@ int main(int argc, char** argv) {
                         "continue from a checkpoint file or a run directory (its newest step)");
   train_cmd->add_flag("--print-config", train_args.print_config,
                       "print the effective config as TOML and exit");
+  integer(train_cmd->add_option("--nproc", train_args.nproc,
+                                "data-parallel workers to start on this host (c10d Gloo)"))
+      ->capture_default_str();
+  train_cmd->add_option("--dist-timeout", train_args.dist_timeout,
+                        "seconds a data-parallel rank waits for the others before failing")
+      ->capture_default_str();
   train_cmd->add_flag("--overwrite", train_args.overwrite,
                       "replace the run already in --out-dir (its checkpoints and metrics are deleted)");
 
@@ -477,6 +605,7 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   }
 
+  train_args.argv.assign(argv, argv + argc);
   auto log = std::make_shared<spdlog::logger>("tinylm", std::make_shared<spdlog::sinks::stdout_sink_mt>());
   log->set_pattern("%v");
   log->set_level(spdlog::level::from_str(log_level));

@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libtorch-dev libopenblas0-pthread libcli11-dev
-          libspdlog-dev catch2 libtomlplusplus-dev nlohmann-json3-dev python3-matplotlib)
+          libspdlog-dev catch2 libtomlplusplus-dev nlohmann-json3-dev libgloo-dev
+          python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

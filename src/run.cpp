@@ -83,9 +83,10 @@ train::TrainerOptions trainer_options(const RunConfig& c) {
   return o;
 }
 
-train::Trainer make_trainer(const RunConfig& c) {
+train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGroup> group) {
   validate(c);
   auto options = trainer_options(c);
+  options.process_group(std::move(group));
   TORCH_CHECK(!c.bf16 || options.device().is_cuda(),
               "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
   // Before anything large is allocated: a run that cannot fit is refused here.

@@ -27,8 +27,10 @@ std::unique_ptr<data::Task> make_task(const RunConfig& config);
 /// The trainer options a run config sets; its recipe is the config itself (TOML).
 train::TrainerOptions trainer_options(const RunConfig& config);
 
-/// Checks the config and the memory it needs, then builds its model, task and Trainer.
-train::Trainer make_trainer(const RunConfig& config);
+/// Checks the config and the memory it needs, then builds its model, task and Trainer
+/// (one rank of a data-parallel job when `group` is given).
+train::Trainer make_trainer(const RunConfig& config,
+                            std::shared_ptr<train::ProcessGroup> group = nullptr);
 
 /// The run config a checkpoint was trained with (its recipe). Keys this tinylm does not
 /// know (an option renamed or removed since) are skipped with a warning; the result is

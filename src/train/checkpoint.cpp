@@ -333,12 +333,15 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     ck.state.step = state.at("step").get<int64_t>();
     ck.state.best_val_loss = state.at("best_val_loss").get<double>();
     ck.state.epoch_loss_sum = state.at("epoch_loss_sum").get<double>();
+    if (state.contains("world_size")) ck.state.world_size = state.at("world_size").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its training state is unreadable (",
                 e.what(), ")");
   }
+  TORCH_CHECK(ck.state.world_size >= 1, "checkpoint '", path, "' is damaged: world size ",
+              ck.state.world_size);
   for (const auto& [key, value] : state.items())
-    if (key != "step" && key != "best_val_loss" && key != "epoch_loss_sum")
+    if (key != "step" && key != "best_val_loss" && key != "epoch_loss_sum" && key != "world_size")
       logger()->warn("checkpoint '{}': training state '{}' is unknown to this tinylm: ignored",
                      path, internal::printable(key));
   TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
@@ -393,7 +396,8 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
       {"kind", arch.kind}, {"version", arch.version}, {"options", arch.options}};
   const nlohmann::json training = {{"step", state.step},
                                    {"best_val_loss", state.best_val_loss},
-                                   {"epoch_loss_sum", state.epoch_loss_sum}};
+                                   {"epoch_loss_sum", state.epoch_loss_sum},
+                                   {"world_size", state.world_size}};
   const std::map<std::string, std::string> metadata = {
       {"format", "tinylm-checkpoint"},
       {"tinylm_version", TINYLM_VERSION_STRING},

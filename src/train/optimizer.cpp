@@ -102,6 +102,16 @@ class TorchAdam final : public Optimizer {
     else load_legacy_as<torch::optim::AdamParamState>(a);
   }
   std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
+  std::vector<torch::Tensor> gradients() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : params_) {
+      auto& g = const_cast<torch::Tensor&>(p).mutable_grad();
+      if (!g.defined()) g = torch::zeros_like(p);  // unused this step: its gradient is 0
+      out.push_back(g);
+    }
+    return out;
+  }
+  std::vector<torch::Tensor> parameters() const override { return params_; }
 
  private:
   using Key = typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
@@ -335,6 +345,14 @@ class FlatAdam final : public Optimizer {
   }
 
   std::string kind() const override { return c_.decoupled ? "flat-adamw" : "flat-adam"; }
+  std::vector<torch::Tensor> gradients() const override {
+    check_in_place();
+    return {grads_};
+  }
+  std::vector<torch::Tensor> parameters() const override {
+    check_in_place();
+    return {params_};
+  }
 
  private:
   /// The model's parameters and their gradients must still be the views into the flat

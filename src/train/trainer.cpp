@@ -218,11 +218,21 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
   TORCH_CHECK(task_->seq_len() <= model_->context_length(), "Trainer: task ", task_->name(),
               " has sequences of ", task_->seq_len(), " tokens, longer than the model's context ",
               model_->context_length());
+  if (const auto& group = options_.process_group()) {
+    TORCH_CHECK(options_.device().is_cpu(), "Trainer: data-parallel training runs on the CPU "
+                "(c10d Gloo) for now, not on ", options_.device(), ": set device to cpu");
+    rank_ = group->rank();
+    world_size_ = group->world_size();
+  }
   model_->to(options_.device());
   const uint64_t seed = options_.seed();
+  // Every rank draws the same global batches and trains on its own rows of them.
   data_gen_ = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
-  dropout_rng_ = internal::seeded_generator_state(options_.device(), seed + 2);
+  dropout_rng_ = internal::seeded_generator_state(
+      options_.device(), seed + 2 + 1000003 * static_cast<uint64_t>(rank_));
   optimizer_ = make_optimizer(options_.optimizer(), *model_);
+  state_.world_size = world_size_;
+  if (options_.process_group()) options_.process_group()->broadcast(optimizer_->parameters());
 }
 
 void Trainer::resume(const Checkpoint& ck) {
@@ -231,8 +241,12 @@ void Trainer::resume(const Checkpoint& ck) {
   TORCH_CHECK(ck.state.step <= options_.total_steps(), "checkpoint '", ck.path, "' is at step ",
               ck.state.step, ", past this run's last step ", options_.total_steps(),
               ": raise epochs or steps_per_epoch to train further");
+  TORCH_CHECK(ck.state.world_size == world_size_, "checkpoint '", ck.path, "' was trained by ",
+              ck.state.world_size, " process(es), this run has ", world_size_,
+              ": resume it with the same number of processes");
   state_ = ck.state;
   resumed_ = true;
+  if (options_.process_group()) options_.process_group()->broadcast(optimizer_->parameters());
   try {
     if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
     // Dropout states are saved from CPU runs only; a CUDA run continues with its own.
@@ -290,7 +304,9 @@ void Trainer::append_metrics(const std::string& json_line) {
 }
 
 EvalMetrics Trainer::validate() {
-  return evaluate(*model_, *task_, options_.eval_batches(), options_.batch_size(),
+  // The global batch (every rank's rows), so the figures do not depend on the number of
+  // processes; each rank computes them all and gets the same numbers.
+  return evaluate(*model_, *task_, options_.eval_batches(), options_.batch_size() * world_size_,
                   options_.seed() + 1000003, options_.device());
 }
 
@@ -301,8 +317,10 @@ double Trainer::train_step(double* grad_norm) {
   optimizer_->zero_grad();
   double loss_value = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    auto batch = task_->sample(options_.batch_size(), data::Split::train, data_gen_);
-    auto inputs = batch.inputs.to(device), targets = batch.targets.to(device);
+    const int64_t B = options_.batch_size();
+    auto batch = task_->sample(B * world_size_, data::Split::train, data_gen_);
+    auto inputs = batch.inputs.narrow(0, B * rank_, B).to(device);  // this rank's rows
+    auto targets = batch.targets.narrow(0, B * rank_, B).to(device);
     torch::Tensor loss;
     {
       // Dropout draws from the Trainer's generator, not the user's global one.
@@ -315,6 +333,13 @@ double Trainer::train_step(double* grad_norm) {
       loss.backward();
     }
     loss_value += loss.item<double>();
+  }
+  if (const auto& group = options_.process_group()) {
+    // Once per optimizer step: the mean gradient and the mean loss over all ranks.
+    group->all_reduce_mean(optimizer_->gradients());
+    auto loss_mean = torch::full({1}, loss_value, torch::kFloat64);
+    group->all_reduce_mean({loss_mean});
+    loss_value = loss_mean.item<double>();
   }
   // Checked before the update, so the weights (and any checkpoint) stay good.
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
@@ -363,7 +388,9 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   }
   const fs::path best_path = fs::path(options_.out_dir()) / "best.ckpt";
 
-  const int64_t tokens_per_step = options_.batch_size() * task_->seq_len() * options_.grad_accum();
+  // Tokens of the global batch: every rank's rows.
+  const int64_t tokens_per_step =
+      options_.batch_size() * task_->seq_len() * options_.grad_accum() * world_size_;
   const int64_t steps_per_epoch = options_.steps_per_epoch();
   const auto t_start = Clock::now();
   auto t_log = t_start;
@@ -373,10 +400,12 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
 
   try {
     while (state_.step < total) {
-      if (stop && stop->load()) {
+      bool stop_now = stop && stop->load();
+      if (options_.process_group()) stop_now = options_.process_group()->any(stop_now);
+      if (stop_now) {
         r.interrupted = true;
         write_step_checkpoint(r);
-        log->info("interrupted at step {}: saved {}", state_.step, r.last_checkpoint);
+        if (lead()) log->info("interrupted at step {}: saved {}", state_.step, r.last_checkpoint);
         break;
       }
       const double lr = learning_rate_at(options_, state_.step);
@@ -402,7 +431,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         rec.grad_norm = grad_norm;
         rec.tokens_per_second = interval_steps * tokens_per_step / std::max(1e-9, seconds_since(t_log));
         rec.eta_seconds = (total - step) * seconds_since(t_start) / (step - r.start_step);
-        log->info("step {:>6}/{} | epoch {}/{} | loss {:.6f} | lr {:.2e} | {:.0f} tok/s | ETA {:.0f}s",
+        if (lead()) log->info("step {:>6}/{} | epoch {}/{} | loss {:.6f} | lr {:.2e} | {:.0f} tok/s | ETA {:.0f}s",
                   step, total, epoch, options_.epochs(), rec.loss, lr, rec.tokens_per_second,
                   rec.eta_seconds);
         append_metrics(nlohmann::ordered_json{{"type", "train"}, {"step", step}, {"epoch", epoch},
@@ -418,7 +447,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       if (epoch_end) {
         const double mean = state_.epoch_loss_sum / steps_per_epoch;
         r.epoch_losses.push_back(mean);
-        log->info("epoch {}/{}: mean loss {:.6f}", epoch, options_.epochs(), mean);
+        if (lead()) log->info("epoch {}/{}: mean loss {:.6f}", epoch, options_.epochs(), mean);
         append_metrics(nlohmann::ordered_json{
             {"type", "epoch"}, {"step", step}, {"epoch", epoch}, {"loss", number(mean)}}.dump());
         state_.epoch_loss_sum = 0;
@@ -427,7 +456,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       if (eval_due) {
         r.last_eval = validate();
         const auto& m = r.last_eval;
-        log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
+        if (lead()) log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
                   step, m.loss, m.perplexity, 100 * m.accuracy, 100 * m.exact_match);
         append_metrics(nlohmann::ordered_json{{"type", "eval"}, {"step", step}, {"loss", number(m.loss)},
                                               {"perplexity", number(m.perplexity)},
@@ -449,7 +478,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
           (options_.save_every() > 0 ? step % options_.save_every() == 0 : epoch_end) || last || r.solved;
       if (save_due) write_step_checkpoint(r);
       if (r.solved) {
-        log->info("solved at step {}: validation accuracy 100% and loss on predictable positions "
+        if (lead()) log->info("solved at step {}: validation accuracy 100% and loss on predictable positions "
                   "{:.2e} < solve_loss {}", step, r.last_eval.scored_loss, options_.solve_loss());
         break;
       }

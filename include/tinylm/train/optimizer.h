@@ -47,6 +47,11 @@ class Optimizer {
   virtual void load_state_dict(const TensorMap& state) = 0;
   /// Restores the state from a format-1 checkpoint's LibTorch archive.
   virtual void load_legacy(torch::serialize::InputArchive& archive) = 0;
+  /// The gradients step() reads, as few tensors as it keeps them in (the flat optimizer:
+  /// one): what data-parallel training averages across processes.
+  virtual std::vector<torch::Tensor> gradients() const = 0;
+  /// The parameters it updates, likewise (broadcast from rank 0 so all ranks start equal).
+  virtual std::vector<torch::Tensor> parameters() const = 0;
   /// "adam", "adamw", "flat-adam" or "flat-adamw": what a checkpoint's state belongs to.
   virtual std::string kind() const = 0;
 };

@@ -5,6 +5,7 @@
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
+#include <tinylm/train/distributed.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/run_directory.h>
 
@@ -103,6 +104,11 @@ struct TrainerOptions {
   /// Text stored verbatim in every checkpoint for the application (the tinylm tool keeps
   /// its run config there, to resume with the same settings).
   TORCH_ARG(std::string, recipe) = "";
+  /// Data-parallel training: this process's group (ProcessGroup::connect). Each rank
+  /// trains on its own batch_size rows of every global batch (batch_size x world size),
+  /// gradients are averaged once per optimizer step, rank 0's weights are broadcast at
+  /// the start and after resume, and rank 0 alone logs and writes files. Null: one process.
+  TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
 
  public:
   int64_t total_steps() const { return epochs_ * steps_per_epoch_; }
@@ -189,9 +195,11 @@ class Trainer {
   void write_step_checkpoint(FitResult& result);
   void append_metrics(const std::string& json_line);
   void sync_rng_state();
-  bool writes_files() const { return !options_.out_dir().empty(); }
+  bool lead() const { return rank_ == 0; }  // logs and writes files
+  bool writes_files() const { return lead() && !options_.out_dir().empty(); }
 
   TrainerOptions options_;
+  int64_t rank_ = 0, world_size_ = 1;
   nn::LanguageModel model_;
   std::shared_ptr<data::Task> task_;
   std::unique_ptr<Optimizer> optimizer_;

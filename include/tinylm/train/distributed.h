@@ -1,0 +1,67 @@
+// Data-parallel training across processes on PyTorch's own engine, c10d: a TCPStore for
+// the rendezvous and ProcessGroupGloo for the collectives (CPU tensors).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tinylm::train {
+
+/// Where a process stands in a data-parallel job, and how to reach the others.
+struct DistributedOptions {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::string master_addr = "127.0.0.1";  // rank 0 hosts the store there
+  int64_t master_port = 29500;
+  /// Seconds to wait for the others, at the rendezvous and in every collective: a peer
+  /// that died or hangs ends the run with an error after this long, not a hang.
+  double timeout_seconds = 60.0;
+};
+
+/// Throws, naming the value and the rule, when the options cannot describe a job.
+void validate(const DistributedOptions& options);
+
+/// The job torchrun (or a cluster script) describes in the environment: RANK,
+/// WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK is read and checked too). Empty when
+/// WORLD_SIZE is not set; an error when the variables are malformed or inconsistent.
+std::optional<DistributedOptions> distributed_from_environment();
+
+/// A group of processes that train one model together. Every rank must call every
+/// collective, in the same order.
+class ProcessGroup {
+ public:
+  /// Joins the job: rank 0 starts the store at master_addr:master_port, the others
+  /// connect to it; returns when all world_size ranks have joined (or throws after the
+  /// timeout, naming the address). A world of one needs no store and opens no port.
+  static std::shared_ptr<ProcessGroup> connect(const DistributedOptions& options);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int64_t rank() const { return options_.rank; }
+  int64_t world_size() const { return options_.world_size; }
+  const DistributedOptions& options() const { return options_; }
+
+  /// In place: each tensor becomes the mean of its values on all ranks. Several
+  /// tensors travel as one flat buffer (one collective).
+  void all_reduce_mean(const std::vector<torch::Tensor>& tensors);
+  /// In place: every rank receives rank `root`'s values (one collective for all).
+  void broadcast(const std::vector<torch::Tensor>& tensors, int64_t root = 0);
+  /// Whether `flag` is true on any rank (a stop request seen by one is honoured by all,
+  /// at the same step).
+  bool any(bool flag);
+  void barrier();
+
+ private:
+  explicit ProcessGroup(DistributedOptions options);
+  struct Impl;
+  DistributedOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tinylm::train
