@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -249,6 +250,143 @@ void bench_attention(bool quick) {
   }
 }
 
+// ---- data-parallel: P2 in 2 processes x 1 thread vs 1 process ------------------------
+
+/// Steps timed per round of the data-parallel case, after 2 warm-up steps.
+int64_t dp_steps(bool quick) { return quick ? 2 : 12; }
+
+RunConfig dp_config(bool quick) {
+  RunConfig c = p2_config();  // timing only: train_step writes no files
+  if (quick) {
+    c.n_layers = 1;
+    c.seq_len = 32;
+    c.batch_size = 4;
+  }
+  return c;
+}
+
+/// One rank of the data-parallel case (`tinylm bench --cases dp_worker`, started by
+/// bench_dp with torchrun's variables): rank 0 prints its step time and the time spent
+/// in the gradient all-reduce, as one JSON line.
+void bench_dp_worker(bool quick) {
+  auto dist = train::distributed_from_environment();
+  TORCH_CHECK(dist, "the dp_worker case is started by the dp case, with WORLD_SIZE and RANK set");
+  auto group = train::ProcessGroup::connect(*dist);
+  const RunConfig c = dp_config(quick);
+  train::Trainer t = make_trainer(c, group);
+  for (int i = 0; i < 2; ++i) t.train_step();
+  const double comm_before = t.communication_seconds();
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < dp_steps(quick); ++i) t.train_step();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::filesystem::remove_all(c.out_dir);
+  if (group->rank() == 0)
+    print_line({{"step_seconds", seconds / dp_steps(quick)},
+                {"allreduce_seconds", (t.communication_seconds() - comm_before) / dp_steps(quick)}});
+}
+
+/// Runs `tinylm bench --cases dp_worker` as `world` ranks on a loopback port; returns
+/// rank 0's line.
+Json run_dp_job(int64_t world, bool quick) {
+  const int64_t port = train::free_loopback_port();
+  int out[2];
+  TORCH_CHECK(::pipe(out) == 0, "bench dp: cannot open a pipe");
+  std::vector<pid_t> pids;
+  for (int64_t rank = 0; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "bench dp: cannot start worker ", rank);
+    if (pid == 0) {
+      ::close(out[0]);
+      if (rank == 0) ::dup2(out[1], STDOUT_FILENO);
+      else ::freopen("/dev/null", "w", stdout);
+      ::close(out[1]);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<std::string> args = {"tinylm", "bench", "--cases", "dp_worker", "--threads", "1"};
+      if (quick) args.push_back("--quick");
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+  ::close(out[0]);
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  TORCH_CHECK(ok && !text.empty(), "bench dp: a worker of the ", world, "-process job failed");
+  return Json::parse(text.substr(0, text.find('\n')));
+}
+
+/// P2 tokens/s: one process at 1 thread and at 2 threads (in this process) and two
+/// processes at 1 thread each (each rank its own batch of 16, so the job trains twice
+/// the tokens per step), alternated over rounds so a noisy machine slows all alike.
+void bench_dp(bool quick) {
+  RunConfig c = dp_config(quick);
+  train::Trainer t = make_trainer(c);
+  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  const int rounds = quick ? 1 : 3;
+  std::vector<double> one_1, one_2, two_1, allreduce_ms, share;
+  const int64_t steps = dp_steps(quick);
+  for (int round = 0; round < rounds; ++round) {
+    for (int64_t threads : {1, 2}) {
+      set_cpu_threads(threads);
+      auto s = time_per_call([&] { t.train_step(); }, 2, 1, static_cast<int>(steps));
+      (threads == 1 ? one_1 : one_2).push_back(tokens / s.median);
+    }
+    set_cpu_threads(g_threads);
+    const Json job = run_dp_job(2, quick);
+    const double step = job["step_seconds"].get<double>();
+    two_1.push_back(2 * tokens / step);
+    allreduce_ms.push_back(1000 * job["allreduce_seconds"].get<double>());
+    share.push_back(job["allreduce_seconds"].get<double>() / step);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  Json config = describe(c);
+  config["steps_per_round"] = steps;
+  config["rounds"] = rounds;
+  auto rate_line = [&](const char* name, const std::vector<double>& v, int64_t procs, int64_t threads) {
+    Json cfg = config;
+    cfg["processes"] = procs;
+    cfg["threads_per_process"] = threads;
+    print_line({{"case", name}, {"metric", "train_tokens_per_s"}, {"value", rounded(median(v))},
+                {"unit", "tokens/s"}, {"min", rounded(*std::min_element(v.begin(), v.end()))},
+                {"max", rounded(*std::max_element(v.begin(), v.end()))}, {"reps", rounds},
+                {"config", cfg}});
+  };
+  rate_line("dp_1proc_1thread", one_1, 1, 1);
+  rate_line("dp_1proc_2threads", one_2, 1, 2);
+  rate_line("dp_2proc_1thread", two_1, 2, 1);
+  std::vector<double> vs1, vs2;  // ratios within a round, then their median
+  for (int r = 0; r < rounds; ++r) {
+    vs1.push_back(two_1[r] / one_1[r]);
+    vs2.push_back(two_1[r] / one_2[r]);
+  }
+  emit_value("dp_2proc_vs_1proc_1thread", "speedup", "x", median(vs1), config);
+  emit_value("dp_2proc_vs_1proc_2threads", "speedup", "x", median(vs2), config);
+  emit_value("dp_2proc_1thread", "allreduce_ms_per_step", "ms", median(allreduce_ms), config);
+  emit_value("dp_2proc_1thread", "allreduce_share_of_step", "fraction", median(share), config);
+  int64_t numel = 0;
+  for (const auto& p : t.model()->parameters()) numel += p.numel();
+  emit_value("dp_2proc_1thread", "allreduce_mib_per_step", "MiB", numel * 4.0 / 1048576.0, config);
+  std::filesystem::remove_all(c.out_dir);
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -262,15 +400,22 @@ int run_bench(const BenchArgs& a) {
   {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
-      TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention",
-                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention (comma-separated)");
+      TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
+                      item == "dp" || item == "dp_worker",
+                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention, dp (comma-separated)");
     }
   }
+  if (a.cases == "dp_worker") {  // one rank of the dp case's job, started by it
+    bench_dp_worker(a.quick);
+    return 0;
+  }
+  TORCH_CHECK(!wants("dp_worker"), "the dp_worker case runs alone (the dp case starts it)");
   // P2's utilisation needs the peak: measure it whenever P2 runs.
   const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
   if (wants("p2")) bench_p2(a.quick, peak, a.memory_steps);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);
+  if (wants("dp")) bench_dp(a.quick);
   return 0;
 }

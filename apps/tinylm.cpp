@@ -10,14 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include <arpa/inet.h>
 #include <malloc.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <algorithm>
 #include <cmath>
 #include <csignal>
@@ -79,6 +78,7 @@ struct TrainArgs {
   bool overwrite = false;
   int64_t nproc = 1;           // > 1: start that many data-parallel workers on this host
   double dist_timeout = 60.0;  // seconds a rank waits for the others
+  std::string dist_backend = "auto";  // auto, gloo or nccl
   std::vector<std::string> argv;  // the command line, for the workers --nproc starts
 };
 
@@ -214,22 +214,6 @@ void print_heatmap(train::Trainer& trainer) {
 std::atomic<int> g_forward_signal{0};
 void on_launcher_signal(int sig) { g_forward_signal.store(sig); }
 
-/// A TCP port on 127.0.0.1 that nothing listens on right now.
-int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "--nproc: cannot open a socket: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  TORCH_CHECK(ok, "--nproc: cannot find a free port on 127.0.0.1: ", std::strerror(errno));
-  return ntohs(addr.sin_port);
-}
-
 /// `tinylm train --nproc N ...`: N copies of this command (without --nproc) as ranks
 /// 0..N-1 of one job on this host, torchrun's variables set. Signals are forwarded; when
 /// a worker fails, the others are stopped; the status is the first failure's.
@@ -246,7 +230,7 @@ int launch_workers(const TrainArgs& args) {
   std::vector<char*> cargv;
   for (auto& a : worker_args) cargv.push_back(a.data());
   cargv.push_back(nullptr);
-  const std::string port = std::to_string(free_loopback_port());
+  const std::string port = std::to_string(train::free_loopback_port());
   std::signal(SIGINT, on_launcher_signal);
   std::signal(SIGTERM, on_launcher_signal);
   std::vector<pid_t> workers;
@@ -256,6 +240,8 @@ int launch_workers(const TrainArgs& args) {
     if (pid == 0) {
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned workers if the launcher is killed
+      if (::getppid() == 1) ::_exit(137);  // it died before that was set
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(args.nproc).c_str(), 1);
@@ -274,8 +260,21 @@ int launch_workers(const TrainArgs& args) {
     for (pid_t pid : workers)
       if (pid > 0) ::kill(pid, sig);
   };
+  // After a failure the others get SIGTERM (and SIGCONT, should one be stopped); those
+  // still running after the collective timeout and a margin are killed, and named.
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> kill_at;
   while (running > 0) {
     if (const int sig = g_forward_signal.exchange(0)) stop_all(sig);
+    if (kill_at && Clock::now() >= *kill_at) {
+      for (size_t i = 0; i < workers.size(); ++i)
+        if (workers[i] > 0) {
+          std::fprintf(stderr, "error: worker rank %zu did not stop within %.0f s; killing it\n", i,
+                       args.dist_timeout + 10);
+          ::kill(workers[i], SIGKILL);
+        }
+      kill_at.reset();
+    }
     int status = 0;
     const pid_t done = ::waitpid(-1, &status, WNOHANG);
     if (done <= 0) {
@@ -293,6 +292,9 @@ int launch_workers(const TrainArgs& args) {
                      WIFEXITED(status) ? "exited with status" : "was killed by signal",
                      WIFEXITED(status) ? code : WTERMSIG(status));
         stop_all(SIGTERM);
+        stop_all(SIGCONT);
+        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                     (args.dist_timeout + 10) * 1000));
       }
     }
   }
@@ -303,6 +305,14 @@ int run_train(const TrainArgs& args) {
   TORCH_CHECK(args.nproc >= 1, "--nproc must be >= 1, got ", args.nproc);
   TORCH_CHECK(std::isfinite(args.dist_timeout) && args.dist_timeout > 0,
               "--dist-timeout must be > 0 seconds, got ", args.dist_timeout);
+  TORCH_CHECK(args.dist_backend == "auto" || args.dist_backend == "gloo" || args.dist_backend == "nccl",
+              "--dist-backend must be auto, gloo or nccl, got '", args.dist_backend, "'");
+  if (args.dist_backend == "nccl") train::resolve_backend([] {  // refused here, not in every worker
+      train::DistributedOptions probe;
+      probe.backend = train::DistBackend::nccl;
+      probe.device = torch::Device(torch::kCUDA, 0);
+      return probe;
+    }());
   if (args.nproc > 1 && !args.print_config) return launch_workers(args);
   std::optional<train::DistributedOptions> dist = train::distributed_from_environment();
   const bool lead = !dist || dist->rank == 0;
@@ -343,6 +353,8 @@ int run_train(const TrainArgs& args) {
       c10::initLogging();
     }
     dist->timeout_seconds = args.dist_timeout;
+    dist->backend = train::parse_dist_backend(args.dist_backend);
+    dist->device = train::resolve_device(cfg.device, dist->local_rank);
     group = train::ProcessGroup::connect(*dist);
   }
   train::Trainer trainer = make_trainer(cfg, group);
@@ -351,10 +363,16 @@ int run_train(const TrainArgs& args) {
   if (lead) trainer.set_run_directory(claim_out_dir(args, cfg, ck ? &*ck : nullptr));
   if (group) group->barrier();  // no rank trains before rank 0 has claimed the out-dir
   print_model_facts(cfg, *trainer.model(), trainer.device());
-  if (group)
-    logger()->info("data-parallel: {} processes (c10d Gloo) | global batch {} = {} x {} processes x {} accumulation",
-                   group->world_size(), cfg.batch_size * group->world_size() * cfg.grad_accum,
+  if (group) {
+    const bool nccl = group->backend() == train::DistBackend::nccl;
+    logger()->info("data-parallel: {} processes (c10d {}{}) | global batch {} = {} x {} processes x {} accumulation",
+                   group->world_size(), nccl ? "NCCL" : "Gloo",
+                   nccl || !trainer.device().is_cuda() ? ""
+                   : train::nccl_available()          ? ", CUDA tensors through host memory"
+                                                      : ", CUDA tensors through host memory: this build has no NCCL",
+                   cfg.batch_size * group->world_size() * cfg.grad_accum,
                    cfg.batch_size, group->world_size(), cfg.grad_accum);
+  }
   if (ck) logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
   if (lead) print_contracts(trainer);
 
@@ -542,7 +560,10 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--print-config", train_args.print_config,
                       "print the effective config as TOML and exit");
   integer(train_cmd->add_option("--nproc", train_args.nproc,
-                                "data-parallel workers to start on this host (c10d Gloo)"))
+                                "data-parallel workers to start on this host (c10d)"))
+      ->capture_default_str();
+  train_cmd->add_option("--dist-backend", train_args.dist_backend,
+                        "data-parallel engine: auto (NCCL on CUDA where LibTorch has it, else Gloo), gloo, nccl")
       ->capture_default_str();
   train_cmd->add_option("--dist-timeout", train_args.dist_timeout,
                         "seconds a data-parallel rank waits for the others before failing")

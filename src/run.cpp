@@ -86,6 +86,8 @@ train::TrainerOptions trainer_options(const RunConfig& c) {
 train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGroup> group) {
   validate(c);
   auto options = trainer_options(c);
+  // Each process of a job on one host takes its own GPU (LOCAL_RANK).
+  if (group) options.device(train::resolve_device(c.device, group->options().local_rank));
   options.process_group(std::move(group));
   TORCH_CHECK(!c.bf16 || options.device().is_cuda(),
               "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");

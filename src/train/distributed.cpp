@@ -1,15 +1,27 @@
-// Data-parallel process groups on c10d: TCPStore rendezvous + ProcessGroupGloo.
+// Data-parallel process groups on c10d: TCPStore rendezvous + ProcessGroupGloo, or
+// ProcessGroupNCCL where tinylm was built against a LibTorch with CUDA and NCCL
+// (TINYLM_HAVE_NCCL, set by CMake).
 #include <tinylm/train/distributed.h>
 
 #include "internal/system.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef TINYLM_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/torch.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 namespace tinylm::train {
 
@@ -58,6 +70,33 @@ void scatter_back(const torch::Tensor& flat, const std::vector<torch::Tensor>& t
   }
 }
 
+/// The first line of an exception's text, without c10's backtrace or Gloo's source
+/// location ("[../gloo/transport/tcp/pair.cc:589] Read error ...").
+std::string first_line(const std::exception& e) {
+  std::string why = e.what();
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
+  why = why.substr(0, why.find('\n'));
+  if (!why.empty() && why[0] == '[') {
+    const auto close = why.find("] ");
+    if (close != std::string::npos) why = why.substr(close + 2);
+  }
+  return why;
+}
+
+/// Waits for a collective; a peer that died, hung past the timeout or left becomes one
+/// line naming this rank and the collective. (The work's type moved between LibTorch
+/// releases: ProcessGroup::Work in 1.13, c10d::Work in 2.x.)
+template <typename WorkPtr>
+void wait(const DistributedOptions& o, const char* what, const WorkPtr& work) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", o.rank, " of ", o.world_size, ": the ", what, " failed (",
+                first_line(e), "): another process of the job died, stopped answering for ",
+                o.timeout_seconds, " s, or left");
+  }
+}
+
 }  // namespace
 
 void validate(const DistributedOptions& o) {
@@ -71,6 +110,22 @@ void validate(const DistributedOptions& o) {
               "distributed timeout must be > 0 seconds, got ", o.timeout_seconds);
 }
 
+int64_t free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "cannot open a socket: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  TORCH_CHECK(ok, "cannot find a free port on 127.0.0.1: ", std::strerror(error));
+  return ntohs(addr.sin_port);
+}
+
 std::optional<DistributedOptions> distributed_from_environment() {
   if (!std::getenv("WORLD_SIZE")) return std::nullopt;
   DistributedOptions o;
@@ -82,6 +137,7 @@ std::optional<DistributedOptions> distributed_from_environment() {
   TORCH_CHECK(o.rank >= 0 && o.rank < o.world_size, "RANK=", o.rank, " must be in [0, WORLD_SIZE=",
               o.world_size, ")");
   const int64_t local_rank = env_integer("LOCAL_RANK", 0);
+  o.local_rank = local_rank;
   TORCH_CHECK(local_rank >= 0 && local_rank <= o.rank, "LOCAL_RANK=", local_rank,
               " must be in [0, RANK=", o.rank, "]");
   if (const char* addr = std::getenv("MASTER_ADDR")) o.master_addr = addr;
@@ -92,9 +148,53 @@ std::optional<DistributedOptions> distributed_from_environment() {
   return o;
 }
 
+DistBackend parse_dist_backend(const std::string& name) {
+  if (name == "auto") return DistBackend::automatic;
+  if (name == "gloo") return DistBackend::gloo;
+  if (name == "nccl") return DistBackend::nccl;
+  TORCH_CHECK(false, "unknown distributed backend '", internal::printable(name), "': use auto, gloo or nccl");
+  return DistBackend::automatic;
+}
+
+const char* to_string(DistBackend backend) {
+  switch (backend) {
+    case DistBackend::gloo: return "gloo";
+    case DistBackend::nccl: return "nccl";
+    default: return "auto";
+  }
+}
+
+bool nccl_available() {
+#ifdef TINYLM_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+DistBackend resolve_backend(const DistributedOptions& o) {
+  switch (o.backend) {
+    case DistBackend::gloo: return DistBackend::gloo;
+    case DistBackend::nccl:
+      TORCH_CHECK(nccl_available(), "the nccl backend is not in this build (LibTorch without CUDA "
+                  "or NCCL, or nccl.h not found when tinylm was built): use gloo");
+      TORCH_CHECK(o.device.is_cuda(), "the nccl backend moves CUDA tensors, but this rank trains on ",
+                  o.device, ": use gloo, or a CUDA device");
+      return DistBackend::nccl;
+    default: return o.device.is_cuda() && nccl_available() ? DistBackend::nccl : DistBackend::gloo;
+  }
+}
+
+// The collectives' common base: c10d::ProcessGroup in LibTorch 1.13, c10d::Backend in 2.x.
+#if TORCH_VERSION_MAJOR >= 2
+using Collectives = c10d::Backend;
+#else
+using Collectives = c10d::ProcessGroup;
+#endif
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<Collectives> engine;
 };
 
 ProcessGroup::ProcessGroup(DistributedOptions options)
@@ -105,6 +205,7 @@ ProcessGroup::~ProcessGroup() = default;
 std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o) {
   validate(o);
   std::shared_ptr<ProcessGroup> group(new ProcessGroup(o));
+  group->backend_ = resolve_backend(o);
   if (o.world_size == 1) return group;  // nothing to meet: every collective is the identity
   const auto timeout = milliseconds(o.timeout_seconds);
   const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
@@ -117,17 +218,28 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o)
     store_options.timeout = timeout;
     use_classic_store(store_options, 0);
     group->impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-    const bool loopback = o.master_addr == "127.0.0.1" || o.master_addr == "localhost";
-    gloo_options->devices.push_back(
-        loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                 : c10d::ProcessGroupGloo::createDefaultDevice());
-    group->impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        group->impl_->store, static_cast<int>(o.rank), static_cast<int>(o.world_size), gloo_options);
+    if (group->backend_ == DistBackend::nccl) {
+#ifdef TINYLM_HAVE_NCCL
+      // Without blocking wait, NCCL's wait() returns at once and a lost peer hangs the
+      // next CUDA call; with it, wait() honours the timeout and throws.
+      if (!std::getenv("TORCH_NCCL_BLOCKING_WAIT")) ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 1);
+      if (!std::getenv("NCCL_BLOCKING_WAIT")) ::setenv("NCCL_BLOCKING_WAIT", "1", 1);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout;
+      group->impl_->engine = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          group->impl_->store, static_cast<int>(o.rank), static_cast<int>(o.world_size), nccl_options);
+#endif
+    } else {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      const bool loopback = o.master_addr == "127.0.0.1" || o.master_addr == "localhost";
+      gloo_options->devices.push_back(
+          loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                   : c10d::ProcessGroupGloo::createDefaultDevice());
+      group->impl_->engine = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          group->impl_->store, static_cast<int>(o.rank), static_cast<int>(o.world_size), gloo_options);
+    }
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
-    why = why.substr(0, why.find('\n'));
+    const std::string why = first_line(e);
     TORCH_CHECK(false, "rank ", o.rank, " of ", o.world_size, " could not join the job at ", where,
                 " within ", o.timeout_seconds, " s: ", why,
                 " (is rank 0 running, and are the address and port right and free?)");
@@ -135,37 +247,64 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o)
   return group;
 }
 
+torch::Tensor ProcessGroup::stage(const torch::Tensor& flat) const {
+  if (backend_ == DistBackend::nccl) return flat.device() == options_.device ? flat : flat.to(options_.device);
+  return flat.is_cpu() ? flat : flat.cpu();  // Gloo: through host memory
+}
+
+void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) {
+  if (tensors.empty() || options_.world_size == 1) return;
+  torch::NoGradGuard no_grad;
+  auto flat = flat_view(tensors);
+  std::vector<torch::Tensor> buffers{stage(flat)};
+  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
+  if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
+  scatter_back(flat, tensors);
+}
+
 void ProcessGroup::all_reduce_mean(const std::vector<torch::Tensor>& tensors) {
   if (tensors.empty() || options_.world_size == 1) return;
   torch::NoGradGuard no_grad;
   auto flat = flat_view(tensors);
-  std::vector<torch::Tensor> buffers{flat};
-  impl_->gloo->allreduce(buffers)->wait();
-  flat.div_(static_cast<double>(options_.world_size));
+  std::vector<torch::Tensor> buffers{stage(flat)};
+  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
+  buffers[0].div_(static_cast<double>(options_.world_size));
+  if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
   scatter_back(flat, tensors);
+}
+
+torch::Tensor ProcessGroup::all_gather(const torch::Tensor& tensor) {
+  if (options_.world_size == 1) return tensor.unsqueeze(0).clone();
+  auto input = stage(tensor.contiguous());
+  std::vector<torch::Tensor> inputs{input};
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int64_t r = 0; r < options_.world_size; ++r) outputs[0].push_back(torch::empty_like(input));
+  wait(options_, "all-gather", impl_->engine->allgather(outputs, inputs));
+  return torch::stack(outputs[0]).to(tensor.device());
 }
 
 void ProcessGroup::broadcast(const std::vector<torch::Tensor>& tensors, int64_t root) {
   if (tensors.empty() || options_.world_size == 1) return;
   torch::NoGradGuard no_grad;
   auto flat = flat_view(tensors);
-  std::vector<torch::Tensor> buffers{flat};
+  std::vector<torch::Tensor> buffers{stage(flat)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  impl_->gloo->broadcast(buffers, options)->wait();
+  wait(options_, "broadcast", impl_->engine->broadcast(buffers, options));
+  if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
   scatter_back(flat, tensors);
 }
 
 bool ProcessGroup::any(bool flag) {
   if (options_.world_size == 1) return flag;
-  std::vector<torch::Tensor> buffers{torch::full({1}, flag ? 1.0f : 0.0f)};
-  impl_->gloo->allreduce(buffers)->wait();
+  std::vector<torch::Tensor> buffers{stage(torch::full({1}, flag ? 1.0f : 0.0f))};
+  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
   return buffers[0].item<float>() > 0;
 }
 
 void ProcessGroup::barrier() {
   if (options_.world_size == 1) return;
-  impl_->gloo->barrier()->wait();
+  wait(options_, "barrier", impl_->engine->barrier());
 }
 
 }  // namespace tinylm::train

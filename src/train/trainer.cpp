@@ -101,7 +101,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, nn::Languag
 
 // ---- factory -----------------------------------------------------------------------
 
-torch::Device resolve_device(const std::string& spec) {
+torch::Device resolve_device(const std::string& spec, int64_t local_rank) {
+  if ((spec == "auto" || spec == "cuda") && local_rank >= 0 && torch::cuda::is_available()) {
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+  }
   if (spec == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   if (spec == "cpu") return torch::kCPU;
   const bool cuda = spec == "cuda" || spec.rfind("cuda:", 0) == 0;
@@ -169,8 +173,12 @@ double learning_rate_at(const TrainerOptions& o, int64_t step) {
 // ---- evaluation --------------------------------------------------------------------
 
 EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t batches,
-                     int64_t batch_size, uint64_t seed, torch::Device device) {
+                     int64_t batch_size, uint64_t seed, torch::Device device, ProcessGroup* group) {
   TORCH_CHECK(batches >= 1 && batch_size >= 1, "evaluate: batches and batch_size must be >= 1");
+  const int64_t world = group ? group->world_size() : 1, rank = group ? group->rank() : 0;
+  TORCH_CHECK(batch_size % world == 0, "evaluate: batch_size ", batch_size,
+              " must be a multiple of the world size ", world);
+  const int64_t rows_per_rank = batch_size / world;
   internal::TrainingModeGuard restore_mode(model);
   model.eval();
   torch::NoGradGuard no_grad;
@@ -180,7 +188,9 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
   int64_t positions = 0, scored = 0, rows = 0;
   for (int64_t i = 0; i < batches; ++i) {
     auto b = task.sample(batch_size, data::Split::validation, gen);
-    auto inputs = b.inputs.to(device), targets = b.targets.to(device), mask = b.scored.to(device);
+    auto inputs = b.inputs.narrow(0, rank * rows_per_rank, rows_per_rank).to(device);  // this rank's rows
+    auto targets = b.targets.narrow(0, rank * rows_per_rank, rows_per_rank).to(device);
+    auto mask = b.scored.narrow(0, rank * rows_per_rank, rows_per_rank).to(device);
     const int64_t B = inputs.size(0), T = inputs.size(1), n_scored = mask.sum().item<int64_t>();
     // The losses come from the model's own loss(), the function training uses.
     loss_sum += model.loss(inputs, targets).item<double>() * static_cast<double>(B * T);
@@ -194,6 +204,19 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
     positions += B * T;
     scored += n_scored;
     rows += B;
+  }
+  if (group && world > 1) {
+    auto sums = torch::tensor({loss_sum, scored_loss_sum, correct, exact, static_cast<double>(positions),
+                               static_cast<double>(scored), static_cast<double>(rows)},
+                              torch::kFloat64);
+    group->all_reduce_sum({sums});
+    loss_sum = sums[0].item<double>();
+    scored_loss_sum = sums[1].item<double>();
+    correct = sums[2].item<double>();
+    exact = sums[3].item<double>();
+    positions = std::llround(sums[4].item<double>());
+    scored = std::llround(sums[5].item<double>());
+    rows = std::llround(sums[6].item<double>());
   }
   EvalMetrics m;
   m.loss = loss_sum / positions;
@@ -219,8 +242,9 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
               " has sequences of ", task_->seq_len(), " tokens, longer than the model's context ",
               model_->context_length());
   if (const auto& group = options_.process_group()) {
-    TORCH_CHECK(options_.device().is_cpu(), "Trainer: data-parallel training runs on the CPU "
-                "(c10d Gloo) for now, not on ", options_.device(), ": set device to cpu");
+    TORCH_CHECK(group->backend() != DistBackend::nccl || group->options().device == options_.device(),
+                "Trainer: the process group moves tensors on ", group->options().device,
+                " (NCCL) but the model trains on ", options_.device(), ": give both the same device");
     rank_ = group->rank();
     world_size_ = group->world_size();
   }
@@ -251,6 +275,12 @@ void Trainer::resume(const Checkpoint& ck) {
     if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
     // Dropout states are saved from CPU runs only; a CUDA run continues with its own.
     if (state_.dropout_rng_state.defined() && options_.device().is_cpu()) {
+      if (state_.dropout_rng_state.dim() == 2) {  // a data-parallel run's: one row per rank
+        TORCH_CHECK(state_.dropout_rng_state.size(0) == world_size_, "checkpoint '", ck.path,
+                    "' holds ", state_.dropout_rng_state.size(0), " dropout generator states for ",
+                    world_size_, " process(es)");
+        state_.dropout_rng_state = state_.dropout_rng_state[rank_].clone();
+      }
       auto candidate = state_.dropout_rng_state.clone();
       { internal::GeneratorScope check(torch::kCPU, candidate); }  // throws if malformed
       dropout_rng_ = state_.dropout_rng_state.clone();
@@ -269,12 +299,17 @@ void Trainer::set_run_directory(std::shared_ptr<RunDirectory> dir) {
 
 void Trainer::sync_rng_state() {
   state_.data_rng_state = data_gen_.get_state();
-  state_.dropout_rng_state = options_.device().is_cpu() ? dropout_rng_ : torch::Tensor();
+  state_.dropout_rng_state = torch::Tensor();
+  if (!options_.device().is_cpu()) return;
+  // Every rank draws its own dropout masks: a data-parallel checkpoint keeps them all,
+  // one row per rank (a collective, so every rank comes here).
+  const auto& group = options_.process_group();
+  state_.dropout_rng_state = group && world_size_ > 1 ? group->all_gather(dropout_rng_) : dropout_rng_;
 }
 
 void Trainer::save(const std::string& path) {
   sync_rng_state();
-  save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
+  if (lead()) save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
 }
 
 std::string Trainer::checkpoint_path(int64_t step) const {
@@ -282,10 +317,12 @@ std::string Trainer::checkpoint_path(int64_t step) const {
 }
 
 void Trainer::write_step_checkpoint(FitResult& result) {
-  if (!writes_files()) return;
+  if (options_.out_dir().empty()) return;  // the same on every rank
   const std::string path = checkpoint_path(state_.step);
-  save(path);
+  sync_rng_state();  // on every rank: a collective in a data-parallel job
   result.last_checkpoint = path;
+  if (!writes_files()) return;
+  save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
   std::vector<fs::path> steps;
   for (const auto& e : fs::directory_iterator(options_.out_dir())) {
     const auto name = e.path().filename().string();
@@ -305,9 +342,9 @@ void Trainer::append_metrics(const std::string& json_line) {
 
 EvalMetrics Trainer::validate() {
   // The global batch (every rank's rows), so the figures do not depend on the number of
-  // processes; each rank computes them all and gets the same numbers.
+  // processes; each rank evaluates its own rows and the sums are reduced.
   return evaluate(*model_, *task_, options_.eval_batches(), options_.batch_size() * world_size_,
-                  options_.seed() + 1000003, options_.device());
+                  options_.seed() + 1000003, options_.device(), options_.process_group().get());
 }
 
 double Trainer::train_step(double* grad_norm) {
@@ -336,10 +373,12 @@ double Trainer::train_step(double* grad_norm) {
   }
   if (const auto& group = options_.process_group()) {
     // Once per optimizer step: the mean gradient and the mean loss over all ranks.
+    const auto start = Clock::now();
     group->all_reduce_mean(optimizer_->gradients());
     auto loss_mean = torch::full({1}, loss_value, torch::kFloat64);
     group->all_reduce_mean({loss_mean});
     loss_value = loss_mean.item<double>();
+    communication_seconds_ += seconds_since(start);
   }
   // Checked before the update, so the weights (and any checkpoint) stay good.
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
@@ -466,8 +505,9 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
                            .dump());
         if (m.loss < state_.best_val_loss) {
           state_.best_val_loss = m.loss;
+          if (!options_.out_dir().empty()) sync_rng_state();  // on every rank
           if (writes_files()) {
-            save(best_path.string());
+            save_checkpoint(best_path.string(), *model_, optimizer_.get(), state_, options_.recipe());
             r.best_checkpoint = best_path.string();
           }
         }
@@ -483,10 +523,12 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         break;
       }
     }
-  } catch (const c10::Error& e) {
-    // Divergence, a full disk, a failed save: say which checkpoint is still good.
+  } catch (const std::exception& e) {
+    // Divergence, a full disk, a failed save, a lost peer: say which checkpoint is good.
+    std::string why = e.what();
+    if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
     const std::string& kept = r.last_checkpoint.empty() ? r.best_checkpoint : r.last_checkpoint;
-    TORCH_CHECK(false, e.what_without_backtrace(), "; ",
+    TORCH_CHECK(false, why, "; ",
                 kept.empty() ? std::string("no checkpoint was written in this run")
                              : "the last good checkpoint is " + kept);
   }

@@ -11,7 +11,10 @@ seen = {(r["case"], r["metric"]) for r in lines}
 need = {("peak", "matmul_gflops"), ("p1", "train_steps_per_s"), ("p1_plain", "train_steps_per_s"),
         ("p2", "train_tokens_per_s"), ("p2", "mfu"), ("p2", "peak_rss"),
         ("p3_kv_cache", "generate_tokens_per_s"), ("p3_recompute", "generate_tokens_per_s"),
-        ("p3", "identical_tokens"), ("attention_manual", "fwd_bwd_per_s"), ("attention_fused", "fwd_bwd_per_s")}
+        ("p3", "identical_tokens"), ("attention_manual", "fwd_bwd_per_s"), ("attention_fused", "fwd_bwd_per_s"),
+        ("dp_1proc_1thread", "train_tokens_per_s"), ("dp_1proc_2threads", "train_tokens_per_s"),
+        ("dp_2proc_1thread", "train_tokens_per_s"), ("dp_2proc_vs_1proc_1thread", "speedup"),
+        ("dp_2proc_1thread", "allreduce_ms_per_step"), ("dp_2proc_1thread", "allreduce_share_of_step")}
 missing = need - seen
 bad = [r for r in lines if not (r["value"] > 0 or r["metric"] == "identical_tokens")]
 if missing or bad:

@@ -9,6 +9,10 @@
 #    repeat every key is the same token and its query and key projections get no true
 #    gradient), the transformer on repeat (on copy it sits 50 steps on the uniform
 #    plateau, ln 64, where the gradient is mostly rounding);
+#  - a 2-process run killed with kill -9 (one worker) ends within the timeout with an
+#    error naming the rank, keeps its checkpoints, and --resume ends bit-identical to an
+#    uninterrupted 2-process run (weights, optimizer, every rank's generators, losses);
+#    a stopped (hung) worker ends the job within the timeout too;
 #  - bad launch settings end with one line and a non-zero status, within the timeout.
 # usage: test_distributed.sh TINYLM TINYLM_TESTS WORK_DIR
 set -uo pipefail
@@ -60,6 +64,66 @@ train accum1 --task copy --batch-size 16
 train accum2 --task copy --batch-size 4 --grad-accum 2 --nproc 2
 same_run "2 processes x accumulation 2 x 4 vs 1 x 16" accum1 accum2
 
+# ---- faults and resume ---------------------------------------------------------------
+# Dropout on: each rank draws its own masks, so the checkpoint must hold every rank's
+# generator for the resumed run to be identical.
+dargs=(--model transformer --d-model 32 --n-heads 4 --n-layers 2 --dropout 0.1
+       --optimizer adamw --weight-decay 0.1 --lr-schedule cosine --warmup-steps 20
+       --epochs 2 --steps-per-epoch 500 --save-every 25 --log-every 1 --eval-every 250
+       --eval-batches 2 --batch-size 8 --nproc 2 --dist-timeout 5)
+worker_pid() {  # worker_pid LAUNCHER_PID RANK
+  local p
+  for p in $(pgrep -P "$1"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
+  done
+}
+start_and_hit() {  # start_and_hit OUT SIGNAL: start a run, send SIGNAL to rank 1 after step 100
+  "$tinylm" train "${dargs[@]}" --out-dir "$1" > "$1.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 1200); do [ -f "$1/step-00000100.ckpt" ] && break; sleep 0.05; done
+  local w; w=$(worker_pid "$launcher" 1)
+  [ -n "$w" ] || { fail "$1: no rank-1 worker found"; return 1; }
+  kill "-$2" "$w"
+  hit_at=$SECONDS
+}
+losses() { grep '"type":"train"' "$1" | sed 's/,"tokens_per_s".*//'; }
+
+"$tinylm" train "${dargs[@]}" --out-dir dfull > dfull.log 2>&1 || fail "uninterrupted 2-process run: status $?"
+if start_and_hit dkill KILL; then
+  wait "$launcher"; rc=$?; took=$((SECONDS - hit_at))
+  [ "$rc" -ne 0 ] || fail "kill -9 of rank 1: the job exited 0"
+  [ "$took" -le 15 ] || fail "kill -9 of rank 1: the job took $took s to stop (timeout 5 s)"
+  grep -q "^error: worker rank 1 was killed by signal 9" dkill.log || fail "kill -9: the launcher did not name rank 1"
+  grep -q "^error: rank 0 of 2: the .* failed .*the last good checkpoint is dkill/step-" dkill.log ||
+    fail "kill -9: rank 0 did not stop with one line naming the last checkpoint"
+  [ -f dkill/step-00001000.ckpt ] && fail "kill -9: the run finished before it was killed"
+  echo "ok   kill -9 of rank 1: stopped in $took s, status $rc:"; grep '^error' dkill.log | sed 's/^/       /'
+  for ck in dkill/step-*.ckpt; do
+    "$tinylm" eval "$ck" --batches 1 > /dev/null 2>&1 || fail "checkpoint $ck does not load after kill -9"
+  done
+  "$tinylm" train --resume dkill --nproc 2 --dist-timeout 5 > dresumed.log 2>&1 ||
+    { tail -3 dresumed.log; fail "resume of the killed 2-process run failed"; }
+  grep -q "resumed from" dresumed.log || fail "the resumed run did not say where it resumed from"
+  if TINYLM_COMPARE_A=dfull/step-00001000.ckpt TINYLM_COMPARE_B=dkill/step-00001000.ckpt \
+       TINYLM_COMPARE_TOLERANCE=0 "$tests" "[compare-checkpoints]" > dkill.compare 2>&1; then
+    echo "ok   kill -9 + --resume: bit-identical to the uninterrupted 2-process run ($(grep -c '^  ' dkill.compare) tensors, optimizer and generators)"
+  else
+    fail "kill -9 + --resume: the checkpoints differ"; grep -E "largest|FAILED|with expansion" -A2 dkill.compare | head
+  fi
+  losses dfull/metrics.jsonl > dfull.txt; losses dkill/metrics.jsonl > dkill.txt
+  [ "$(wc -l < dfull.txt)" -eq 1000 ] || fail "uninterrupted run logged $(wc -l < dfull.txt) steps, expected 1000"
+  diff -q dfull.txt dkill.txt > /dev/null || fail "kill -9 + --resume: the logged losses differ"
+fi
+if start_and_hit dhang STOP; then
+  wait "$launcher"; rc=$?; took=$((SECONDS - hit_at))
+  [ "$rc" -ne 0 ] || fail "stopped rank 1: the job exited 0"
+  [ "$took" -le 25 ] || fail "stopped rank 1: the job took $took s to stop (timeout 5 s)"
+  grep -q "^error: rank 0 of 2: the .* failed (.*): another process of the job died, stopped answering for 5 s" dhang.log ||
+    fail "stopped rank 1: rank 0 did not report the timeout in one line"
+  echo "ok   rank 1 stopped (SIGSTOP): the job ended in $took s, status $rc:"; grep '^error' dhang.log | sed 's/^/       /'
+fi
+pgrep -f "out-dir dhang" > /dev/null && { fail "workers of the hung job are still running"; pkill -9 -f "out-dir dhang"; }
+
 # ---- bad launches: one line, non-zero, within the timeout --------------------------
 refused() {  # refused NAME EXPECTED [env...] -- args...
   local name="$1" expected="$2"; shift 2
@@ -81,6 +145,12 @@ refused "--nproc with WORLD_SIZE" "--nproc and a WORLD_SIZE environment variable
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 refused "unreachable store" "could not join the job at 127.0.0.1:$port within 3 s" \
   WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" "$tinylm" train --dist-timeout 3 --out-dir bad4
+if ! command -v nvidia-smi > /dev/null; then  # a CPU machine: no build of tinylm there has NCCL
+  refused "--dist-backend nccl without NCCL" "the nccl backend is not in this build" \
+    "$tinylm" train --nproc 2 --dist-backend nccl --out-dir bad6
+fi
+refused "--dist-backend mpi" "--dist-backend must be auto, gloo or nccl, got 'mpi'" \
+  "$tinylm" train --nproc 2 --dist-backend mpi --out-dir bad7
 refused "--nproc 0" "--nproc must be >= 1, got 0" "$tinylm" train --nproc 0 --out-dir bad5
 
 if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi

@@ -23,8 +23,10 @@
 namespace tinylm::train {
 
 /// "auto" (CUDA when present), "cpu", "cuda" or "cuda:N". Asking for CUDA where there
-/// is none, or for a device index that does not exist, is an error.
-torch::Device resolve_device(const std::string& spec);
+/// is none, or for a device index that does not exist, is an error. With a local rank
+/// (a data-parallel process's index on its host), "auto" and "cuda" mean that process's
+/// own GPU: cuda:(local_rank mod the number of GPUs).
+torch::Device resolve_device(const std::string& spec, int64_t local_rank = -1);
 
 /// Figures of one evaluation.
 struct EvalMetrics {
@@ -40,8 +42,14 @@ struct EvalMetrics {
 /// Evaluates `model` on `batches` batches drawn from the task's validation split with a
 /// generator seeded by `seed` (so the same seed sees the same data). No gradients; the
 /// model's train/eval mode is restored.
+///
+/// In a data-parallel job, pass the group and call it on every rank: each batch of
+/// `batch_size` rows (a multiple of the world size) is split into equal row blocks, rank r
+/// evaluates block r, and the sums are reduced, so every rank returns the whole batch's
+/// figures in 1/world_size of the time.
 EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t batches,
-                     int64_t batch_size, uint64_t seed, torch::Device device);
+                     int64_t batch_size, uint64_t seed, torch::Device device,
+                     ProcessGroup* group = nullptr);
 
 enum class OptimizerKind { adam, adamw };
 
@@ -107,7 +115,9 @@ struct TrainerOptions {
   /// Data-parallel training: this process's group (ProcessGroup::connect). Each rank
   /// trains on its own batch_size rows of every global batch (batch_size x world size),
   /// gradients are averaged once per optimizer step, rank 0's weights are broadcast at
-  /// the start and after resume, and rank 0 alone logs and writes files. Null: one process.
+  /// the start and after resume, validation is split among the ranks and reduced, and
+  /// rank 0 alone logs and writes files. Give every rank the same options (out_dir too:
+  /// checkpoints are collective steps, though only rank 0 writes). Null: one process.
   TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
 
  public:
@@ -179,7 +189,9 @@ class Trainer {
   /// Validation figures on eval_batches batches (fixed seed: comparable over time).
   EvalMetrics validate();
 
-  /// Writes a checkpoint of the current state to `path` (see save_checkpoint).
+  /// Writes a checkpoint of the current state to `path` (see save_checkpoint). In a
+  /// data-parallel job call it on every rank (it gathers every rank's dropout generator,
+  /// so each resumes its own); rank 0 writes the file.
   void save(const std::string& path);
 
   const TrainerOptions& options() const { return options_; }
@@ -187,6 +199,9 @@ class Trainer {
   data::Task& task() { return *task_; }
   torch::Device device() const { return options_.device(); }
   int64_t step() const { return state_.step; }
+  /// Seconds this Trainer has spent in the per-step gradient all-reduce (data-parallel
+  /// runs; 0 in one process): communication's share of training time.
+  double communication_seconds() const { return communication_seconds_; }
   /// Called for every progress record (also logged); for a C++ user's own display.
   std::function<void(const StepRecord&)> on_progress;
 
@@ -207,6 +222,7 @@ class Trainer {
   torch::Tensor dropout_rng_;  // the state of the Trainer's dropout generator
   TrainingState state_;
   bool resumed_ = false;
+  double communication_seconds_ = 0;
   std::shared_ptr<RunDirectory> run_dir_;
 };
 
