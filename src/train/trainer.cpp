@@ -265,25 +265,34 @@ void Trainer::resume(const Checkpoint& ck) {
   TORCH_CHECK(ck.state.step <= options_.total_steps(), "checkpoint '", ck.path, "' is at step ",
               ck.state.step, ", past this run's last step ", options_.total_steps(),
               ": raise epochs or steps_per_epoch to train further");
-  TORCH_CHECK(ck.state.world_size == world_size_, "checkpoint '", ck.path, "' was trained by ",
-              ck.state.world_size, " process(es), this run has ", world_size_,
-              ": resume it with the same number of processes");
+  const int64_t trained_by = ck.state.world_size;
   state_ = ck.state;
+  state_.world_size = world_size_;
   resumed_ = true;
+  if (trained_by != world_size_ && lead())
+    logger()->warn("checkpoint '{}' was trained by {} process(es), this run has {}: training goes on "
+                   "with a global batch of {} rows per micro-step (was {}), and its data order and "
+                   "dropout masks differ from a {}-process continuation",
+                   ck.path, trained_by, world_size_, options_.batch_size() * world_size_,
+                   options_.batch_size() * trained_by, trained_by);
   if (options_.process_group()) options_.process_group()->broadcast(optimizer_->parameters());
   try {
     if (state_.data_rng_state.defined()) data_gen_.set_state(state_.data_rng_state);
     // Dropout states are saved from CPU runs only; a CUDA run continues with its own.
     if (state_.dropout_rng_state.defined() && options_.device().is_cpu()) {
-      if (state_.dropout_rng_state.dim() == 2) {  // a data-parallel run's: one row per rank
-        TORCH_CHECK(state_.dropout_rng_state.size(0) == world_size_, "checkpoint '", ck.path,
-                    "' holds ", state_.dropout_rng_state.size(0), " dropout generator states for ",
-                    world_size_, " process(es)");
-        state_.dropout_rng_state = state_.dropout_rng_state[rank_].clone();
+      // One state per rank that trained it (a 1-D tensor: one process). A rank that did
+      // not exist then starts a fresh stream, seeded from the seed, its rank and the step.
+      auto saved = state_.dropout_rng_state.dim() == 2 ? state_.dropout_rng_state
+                                                       : state_.dropout_rng_state.unsqueeze(0);
+      if (rank_ < saved.size(0)) {
+        auto candidate = saved[rank_].clone();
+        { internal::GeneratorScope check(torch::kCPU, candidate); }  // throws if malformed
+        dropout_rng_ = saved[rank_].clone();
+      } else {
+        dropout_rng_ = internal::seeded_generator_state(
+            options_.device(), options_.seed() + 2 + 1000003 * static_cast<uint64_t>(rank_) +
+                                   0x9E3779B97F4A7C15ull * static_cast<uint64_t>(state_.step));
       }
-      auto candidate = state_.dropout_rng_state.clone();
-      { internal::GeneratorScope check(torch::kCPU, candidate); }  // throws if malformed
-      dropout_rng_ = state_.dropout_rng_state.clone();
     }
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", ck.path, "' holds a damaged generator state (",

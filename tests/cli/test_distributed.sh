@@ -12,7 +12,8 @@
 #  - a 2-process run killed with kill -9 (one worker) ends within the timeout with an
 #    error naming the rank, keeps its checkpoints, and --resume ends bit-identical to an
 #    uninterrupted 2-process run (weights, optimizer, every rank's generators, losses);
-#    a stopped (hung) worker ends the job within the timeout too;
+#    a stopped (hung) worker ends the job within the timeout too; a 2-process checkpoint
+#    resumes in 1 process, with a warning;
 #  - bad launch settings end with one line and a non-zero status, within the timeout.
 # usage: test_distributed.sh TINYLM TINYLM_TESTS WORK_DIR
 set -uo pipefail
@@ -113,6 +114,14 @@ if start_and_hit dkill KILL; then
   losses dfull/metrics.jsonl > dfull.txt; losses dkill/metrics.jsonl > dkill.txt
   [ "$(wc -l < dfull.txt)" -eq 1000 ] || fail "uninterrupted run logged $(wc -l < dfull.txt) steps, expected 1000"
   diff -q dfull.txt dkill.txt > /dev/null || fail "kill -9 + --resume: the logged losses differ"
+fi
+# Another number of processes: the 2-process run goes on in 1 process, with a warning.
+if "$tinylm" train --resume dfull --epochs 3 > dshrink.log 2>&1 && [ -f dfull/step-00001500.ckpt ]; then
+  grep -q "was trained by 2 process(es), this run has 1: training goes on with a global batch of 8 rows" dshrink.log ||
+    fail "resume in 1 process: no warning naming both world sizes"
+  echo "ok   a 2-process checkpoint resumed in 1 process: trained on to step 1500"
+else
+  fail "resuming a 2-process checkpoint in 1 process failed"; tail -3 dshrink.log
 fi
 if start_and_hit dhang STOP; then
   wait "$launcher"; rc=$?; took=$((SECONDS - hit_at))
