@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <malloc.h>
@@ -469,6 +470,134 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
+// ---- inspect ---------------------------------------------------------------------------
+
+struct InspectArgs {
+  std::string checkpoint;
+  bool verify = false, json = false;
+};
+
+/// "[64, 32]"
+std::string shape_text(const torch::Tensor& t) {
+  std::string out = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+  return out + "]";
+}
+
+/// PyTorch's spelling: float32, int64, ...
+std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kLong: return "int64";
+    case torch::kInt: return "int32";
+    case torch::kByte: return "uint8";
+    default: return c10::toString(t);
+  }
+}
+
+/// 1234567 -> "1,234,567"
+std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+/// Reading the file checks its header, size, checksum and every entry; --verify also
+/// rebuilds the model from its architecture, loads the weights (names, shapes, dtypes,
+/// finite values) and runs one forward pass.
+int run_inspect(const InspectArgs& a) {
+  const auto ck = train::read_checkpoint(train::resolve_checkpoint_path(a.checkpoint));
+  const auto bytes = static_cast<int64_t>(std::filesystem::file_size(ck.path));
+  std::string verified;
+  if (a.verify) {
+    auto model = nn::build_model(ck.architecture);
+    train::load_model_state(ck, *model);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t T = std::max<int64_t>(1, std::min<int64_t>(8, model->context_length()));
+    auto logits = model->forward(torch::zeros({1, T}, torch::kLong)).logits;
+    TORCH_CHECK(logits.isfinite().all().item<bool>(), "checkpoint '", ck.path,
+                "': the rebuilt model gives non-finite logits");
+    verified = "model rebuilt from its architecture, " + std::to_string(ck.parameter_names.size()) +
+               " weights fit, logits of a 1 x " + std::to_string(T) + " batch finite";
+  }
+  const auto& st = ck.state;
+  int64_t total = 0;
+  nlohmann::ordered_json params = nlohmann::ordered_json::array();
+  for (const auto& name : ck.parameter_names) {
+    const auto& t = ck.model.at(name);
+    total += t.numel();
+    params.push_back({{"name", name}, {"shape", t.sizes().vec()},
+                      {"dtype", dtype_name(t.scalar_type())}, {"count", t.numel()},
+                      {"norm", t.to(torch::kFloat64).norm().item<double>()}});
+  }
+  nlohmann::ordered_json options = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : ck.architecture.options) options[k] = v;
+  auto generator_bytes = [](const torch::Tensor& t) { return t.defined() ? t.numel() : int64_t{0}; };
+  // One dropout stream per rank that trained it.
+  const int64_t dropout_streams =
+      st.dropout_rng_state.defined() ? (st.dropout_rng_state.dim() == 2 ? st.dropout_rng_state.size(0) : 1) : 0;
+  const char* tokenizer = "none stored: the task's own symbols (byte-level for text)";
+  if (a.json) {
+    nlohmann::ordered_json j = {
+        {"path", ck.path}, {"bytes", bytes}, {"format_version", ck.format_version},
+        {"tinylm_version", ck.tinylm_version}, {"checksum", "ok"},
+        {"step", st.step}, {"world_size", st.world_size},
+        {"best_val_loss", st.best_val_loss < 1e299 ? nlohmann::ordered_json(st.best_val_loss) : nullptr},
+        {"model", {{"kind", ck.architecture.kind}, {"version", ck.architecture.version}, {"options", options}}},
+        {"tokenizer", nullptr}, {"parameter_count", total}, {"parameters", params},
+        {"optimizer", {{"kind", ck.optimizer_kind}, {"tensors", ck.optimizer.size()}}},
+        {"generators", {{"data_bytes", generator_bytes(st.data_rng_state)},
+                        {"dropout_streams", dropout_streams},
+                        {"dropout_bytes", generator_bytes(st.dropout_rng_state)}}},
+        {"recipe", ck.recipe}};
+    if (a.verify) j["verified"] = verified;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("checkpoint %s: %s bytes, format %u (tinylm %s), checksum ok\n", ck.path.c_str(),
+              grouped(bytes).c_str(), ck.format_version,
+              ck.tinylm_version.empty() ? "before 0.1" : ck.tinylm_version.c_str());
+  const std::string optimizer_state = ck.legacy_archive ? std::string("in a LibTorch archive")
+                                                        : std::to_string(ck.optimizer.size()) + " tensors";
+  std::printf("step %lld | world size %lld | best validation loss %s | optimizer %s (%s)\n",
+              static_cast<long long>(st.step), static_cast<long long>(st.world_size),
+              st.best_val_loss < 1e299 ? fmt::format("{:.6f}", st.best_val_loss).c_str() : "none yet",
+              ck.optimizer_kind.empty() ? "none" : ck.optimizer_kind.c_str(), optimizer_state.c_str());
+  std::string opts;
+  for (const auto& [k, v] : ck.architecture.options) opts += " " + k + "=" + v;
+  std::printf("model %s (version %lld):%s\n", ck.architecture.kind.c_str(),
+              static_cast<long long>(ck.architecture.version), opts.c_str());
+  std::printf("tokenizer: %s\n", tokenizer);
+  std::printf("generators: data %lld bytes, dropout %lld stream(s) of %lld bytes\n",
+              static_cast<long long>(generator_bytes(st.data_rng_state)),
+              static_cast<long long>(dropout_streams),
+              static_cast<long long>(dropout_streams ? generator_bytes(st.dropout_rng_state) / dropout_streams : 0));
+  size_t width = 9;
+  for (const auto& name : ck.parameter_names) width = std::max(width, name.size());
+  std::printf("\n%-*s  %-14s %-8s %12s %12s\n", static_cast<int>(width), "parameter", "shape", "dtype", "count", "norm");
+  for (const auto& p : params)
+    std::printf("%-*s  %-14s %-8s %12s %12.6g\n", static_cast<int>(width), p["name"].get<std::string>().c_str(),
+                shape_text(ck.model.at(p["name"].get<std::string>())).c_str(),
+                p["dtype"].get<std::string>().c_str(), grouped(p["count"].get<int64_t>()).c_str(),
+                p["norm"].get<double>());
+  std::printf("%-*s  %-14s %-8s %12s\n", static_cast<int>(width), "total", "", "", grouped(total).c_str());
+  if (!ck.recipe.empty()) {
+    std::printf("\nrecipe (the run config it was trained with):\n");
+    std::istringstream lines(ck.recipe);
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty()) std::printf("  %s\n", line.c_str());
+  }
+  if (a.verify) std::printf("\nverify: %s: ok\n", verified.c_str());
+  return 0;
+}
+
 struct SampleArgs {
   std::string checkpoint, prompt, device = "auto", data, attention_json;
   int64_t max_new_tokens = 20, top_k = 0, seed = -1, layer = -1, head = 0, threads = 1;
@@ -602,9 +731,16 @@ int main(int argc, char** argv) {
   integer(sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default"))->capture_default_str();
   sample_cmd->add_option("--data", s.data, "text task: the data file, if it moved");
 
+  InspectArgs inspect_args;
+  auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds: header, model, parameters");
+  inspect_cmd->add_option("checkpoint", inspect_args.checkpoint, "checkpoint file or run directory")->required();
+  inspect_cmd->add_flag("--verify", inspect_args.verify,
+                        "also rebuild the model, load the weights and run it once");
+  inspect_cmd->add_flag("--json", inspect_args.json, "one JSON object instead of text");
+
   BenchArgs bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
-  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention")
+  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, dp")
       ->capture_default_str();
   bench_cmd->add_flag("--quick", bench_args.quick, "tiny repetition counts: checks the harness, not speed");
   bench_cmd->add_option("--threads", bench_args.threads, "intra-op CPU threads; 0 = default")
@@ -637,6 +773,7 @@ int main(int argc, char** argv) {
     if (*eval_cmd) return run_eval(eval_args);
     if (*sample_cmd) return run_sample(s);
     if (*bench_cmd) return run_bench(bench_args);
+    if (*inspect_cmd) return run_inspect(inspect_args);
   } catch (const c10::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());

@@ -312,7 +312,7 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     }
   };
   field("format");
-  field("tinylm_version");
+  ck.tinylm_version = field("tinylm_version");
   if (ck.format_version == 2) {
     ck.recipe = field("config");
   } else {

@@ -64,6 +64,7 @@ struct TrainingState {
 struct Checkpoint {
   std::string path;
   uint32_t format_version = 0;
+  std::string tinylm_version;         // the writer's (formats 2 and 3)
   nn::ModelArchitecture architecture; // what nn::build_model() rebuilds
   std::string recipe;                 // the application's text (the tool's run config)
   TrainingState state;
