@@ -598,6 +598,26 @@ int run_inspect(const InspectArgs& a) {
   return 0;
 }
 
+// ---- export ----------------------------------------------------------------------------
+
+struct ExportArgs {
+  std::string checkpoint, out, format = "pytorch";
+  bool overwrite = false;
+};
+
+int run_export(const ExportArgs& a) {
+  TORCH_CHECK(a.format == "pytorch", "--format must be pytorch (nanoGPT's checkpoint layout), got '",
+              a.format, "'");
+  TORCH_CHECK(!a.out.empty(), "--out must name a file");
+  const auto ck = train::read_checkpoint(train::resolve_checkpoint_path(a.checkpoint));
+  const auto notes = interop::export_nanogpt(ck, a.out, a.overwrite);
+  for (const auto& note : notes) logger()->warn("note: {}", note);
+  logger()->info("wrote {}: step {}, {} parameters with nanoGPT's names; in Python: "
+                 "GPT(GPTConfig(**ck['model_args'])).load_state_dict(ck['model'])",
+                 a.out, ck.state.step, ck.parameter_names.size());
+  return 0;
+}
+
 struct SampleArgs {
   std::string checkpoint, prompt, device = "auto", data, attention_json;
   int64_t max_new_tokens = 20, top_k = 0, seed = -1, layer = -1, head = 0, threads = 1;
@@ -738,6 +758,15 @@ int main(int argc, char** argv) {
                         "also rebuild the model, load the weights and run it once");
   inspect_cmd->add_flag("--json", inspect_args.json, "one JSON object instead of text");
 
+  ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model for PyTorch (nanoGPT's GPT)");
+  export_cmd->add_option("checkpoint", export_args.checkpoint, "checkpoint file or run directory")->required();
+  export_cmd->add_option("--out", export_args.out, "the file to write (.pt)")->required();
+  export_cmd->add_option("--format", export_args.format,
+                         "pytorch: nanoGPT's ckpt.pt (state dict with its names, model_args)")
+      ->capture_default_str();
+  export_cmd->add_flag("--overwrite", export_args.overwrite, "replace --out if it exists");
+
   BenchArgs bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
   bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, dp")
@@ -774,6 +803,7 @@ int main(int argc, char** argv) {
     if (*sample_cmd) return run_sample(s);
     if (*bench_cmd) return run_bench(bench_args);
     if (*inspect_cmd) return run_inspect(inspect_args);
+    if (*export_cmd) return run_export(export_args);
   } catch (const c10::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());

@@ -93,6 +93,7 @@ const std::vector<ConfigField>& config_fields() {
       {"context-length", "model", "model context; 0 = seq-len", &R::context_length},
       {"positions", "model", "learned, sinusoidal or none (transformer)", &R::positions},
       {"pre-ln", "model", "pre-LN blocks; false = post-LN (transformer)", &R::pre_ln},
+      {"activation", "model", "MLP GELU: gelu-tanh (tanh approximation) or gelu (exact, as nanoGPT) (transformer)", &R::activation},
       {"tie-weights", "model", "tie the LM head to the token embedding (transformer)", &R::tie_weights},
       {"dropout", "model", "embedding and residual dropout (transformer)", &R::dropout},
       {"attn-dropout", "model", "attention-weight dropout (transformer)", &R::attn_dropout},
@@ -229,6 +230,7 @@ void validate(const RunConfig& c) {
   check_one_of("model", c.model, {"tiny", "transformer"});
   check_one_of("task", c.task, {"repeat", "copy", "reverse", "sort", "text"});
   check_one_of("positions", c.positions, {"learned", "sinusoidal", "none"});
+  check_one_of("activation", c.activation, {"gelu-tanh", "gelu"});
   check_one_of("optimizer", c.optimizer, {"adam", "adamw"});
   check_one_of("lr-schedule", c.lr_schedule, {"constant", "cosine"});
   TORCH_CHECK(c.vocab_size >= 2, "vocab-size must be >= 2, got ", c.vocab_size);

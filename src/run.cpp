@@ -26,6 +26,7 @@ nn::ModelArchitecture model_architecture(const RunConfig& c) {
                  .attn_dropout(c.attn_dropout)
                  .bias(c.bias)
                  .pre_ln(c.pre_ln)
+                 .activation(nn::activation_from_string(c.activation))
                  .tie_weights(c.tie_weights)
                  .positions(nn::position_encoding_from_string(c.positions))
                  .attention_kernel(kernel));

@@ -22,6 +22,7 @@ struct RunConfig {
   int64_t context_length = 0;        // 0 = seq_len
   std::string positions = "learned"; // transformer only: learned | sinusoidal | none
   bool pre_ln = true;                // transformer only
+  std::string activation = "gelu-tanh";  // transformer only: gelu-tanh | gelu (exact, nanoGPT's)
   bool tie_weights = true;           // transformer only
   double dropout = 0.0;              // transformer only: embeddings and residual branches
   double attn_dropout = 0.0;         // transformer only

@@ -4,6 +4,7 @@
 #include <tinylm/config.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/generate.h>
+#include <tinylm/interop.h>
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/embedding.h>

@@ -39,4 +39,9 @@ std::string human_bytes(double bytes);
 /// CRC-32 (IEEE 802.3), as zlib computes it: the checkpoint header's checksum.
 uint32_t crc32(const void* data, size_t size);
 
+/// Writes bytes to a temporary file next to `path`, fsyncs it, renames it over `path` and
+/// fsyncs the directory: a crash leaves the old file or the new one, never half of one.
+/// `what` names the file in errors ("checkpoint").
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);
+
 }  // namespace tinylm::internal

@@ -12,6 +12,15 @@ FeedForwardImpl::FeedForwardImpl(const FeedForwardOptions& options_) : options(o
   reset();
 }
 
+const char* to_string(Activation a) { return a == Activation::gelu ? "gelu" : "gelu-tanh"; }
+
+Activation activation_from_string(const std::string& s) {
+  if (s == "gelu-tanh") return Activation::gelu_tanh;
+  if (s == "gelu") return Activation::gelu;
+  TORCH_CHECK(false, "unknown activation '", s, "': use gelu-tanh or gelu");
+  return Activation::gelu_tanh;
+}
+
 void FeedForwardImpl::reset() {
   const int64_t D = options.d_model(), e = options.expansion();
   TORCH_CHECK(D >= 1, "FeedForward: d_model must be >= 1, got ", D);
@@ -29,7 +38,7 @@ void FeedForwardImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(fc(x), "tanh");                                  // (B, T, eD)
+  auto h = torch::gelu(fc(x), options.activation() == Activation::gelu ? "none" : "tanh");  // (B, T, eD)
   return torch::dropout(proj(h), options.dropout(), is_training());    // (B, T, D)
 }
 
@@ -60,7 +69,8 @@ void TransformerBlockImpl::reset() {
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
                                                .expansion(options.mlp_expansion())
                                                .dropout(options.residual_dropout())
-                                               .bias(options.bias())));
+                                               .bias(options.bias())
+                                               .activation(options.activation())));
 }
 
 void TransformerBlockImpl::pretty_print(std::ostream& os) const {

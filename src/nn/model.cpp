@@ -178,6 +178,7 @@ LanguageModel build_model(const ModelArchitecture& a) {
   r.real("attn_dropout", [&](double v) { o.attn_dropout(v); });
   r.boolean("bias", [&](bool v) { o.bias(v); });
   r.boolean("pre_ln", [&](bool v) { o.pre_ln(v); });
+  r.text("activation", [&](const std::string& v) { o.activation(activation_from_string(v)); });
   r.boolean("tie_weights", [&](bool v) { o.tie_weights(v); });
   r.text("positions", [&](const std::string& v) { o.positions(position_encoding_from_string(v)); });
   r.real("pos_base", [&](double v) { o.pos_base(v); });
@@ -308,6 +309,7 @@ ModelArchitecture architecture_of(const TransformerLMOptions& options) {
            {"attn_dropout", text_of(options.attn_dropout())},
            {"bias", text_of(options.bias())},
            {"pre_ln", text_of(options.pre_ln())},
+           {"activation", to_string(options.activation())},
            {"tie_weights", text_of(options.tie_weights())},
            {"positions", to_string(options.positions())},
            {"pos_base", text_of(options.pos_base())},
@@ -339,6 +341,7 @@ void TransformerLMImpl::reset() {
                                            .residual_dropout(options.dropout())
                                            .bias(options.bias())
                                            .pre_ln(options.pre_ln())
+                                           .activation(options.activation())
                                            .attention_kernel(options.attention_kernel())));
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})));

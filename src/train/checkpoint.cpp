@@ -46,43 +46,6 @@ T get(const std::string& in, size_t offset) {
   return value;
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
-/// Writes bytes to path.tmp, fsyncs, renames over path, fsyncs the directory.
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot write checkpoint '", tmp, "': ", errno_text());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      TORCH_CHECK(false, "cannot write checkpoint '", tmp, "': ", why, " (is the disk full?)");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot flush checkpoint '", tmp, "': ", why);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot rename '", tmp, "' to '", path, "': ", why);
-  }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // make the rename itself durable
-    ::close(dfd);
-  }
-}
 
 std::vector<std::string> parameter_names(nn::LanguageModelImpl& model) {
   std::vector<std::string> names;
@@ -414,7 +377,7 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
   put<uint64_t>(bytes, 16, payload.size());
   put<uint32_t>(bytes, 24, internal::crc32(payload.data(), payload.size()));
   bytes += payload;
-  write_file_atomically(path, bytes);
+  internal::write_file_atomically(path, bytes, "checkpoint");
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

@@ -10,7 +10,16 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <string>
+
 namespace tinylm::nn {
+
+/// The MLP's nonlinearity: GELU with the tanh approximation (GPT-2's, tinylm's default)
+/// or exact GELU (erf; PyTorch's nn.GELU() and nanoGPT's).
+enum class Activation { gelu_tanh, gelu };
+const char* to_string(Activation a);
+/// "gelu-tanh" | "gelu"; throws on anything else.
+Activation activation_from_string(const std::string& s);
 
 struct FeedForwardOptions {
   explicit FeedForwardOptions(int64_t d_model) : d_model_(d_model) {}
@@ -20,9 +29,10 @@ struct FeedForwardOptions {
   /// Dropout after the second projection (training only).
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, bias) = true;
+  TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
 };
 
-/// Linear(D, eD) -> GELU (tanh approximation) -> Linear(eD, D) -> dropout.
+/// Linear(D, eD) -> GELU (tanh approximation, or exact) -> Linear(eD, D) -> dropout.
 class FeedForwardImpl : public torch::nn::Cloneable<FeedForwardImpl> {
  public:
   explicit FeedForwardImpl(const FeedForwardOptions& options);
@@ -49,6 +59,7 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, bias) = true;
   /// true: x + attn(ln1(x)), x + mlp(ln2(x)).  false: ln1(x + attn(x)), ln2(x + mlp(x)).
   TORCH_ARG(bool, pre_ln) = true;
+  TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, ln_eps) = 1e-5;
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;

@@ -199,6 +199,8 @@ struct TransformerLMOptions {
   TORCH_ARG(double, attn_dropout) = 0.0;
   TORCH_ARG(bool, bias) = true;
   TORCH_ARG(bool, pre_ln) = true;
+  /// The MLP's GELU: tanh approximation (default) or exact (nanoGPT's; see Activation).
+  TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
   /// LM head (no bias) shares its weight with the token embedding: one parameter.
   TORCH_ARG(bool, tie_weights) = true;
   TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;

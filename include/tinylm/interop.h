@@ -1,0 +1,36 @@
+// Weights in and out of PyTorch, through LibTorch's own pickle format (what Python's
+// torch.load reads and torch.save writes).
+#pragma once
+
+#include <tinylm/train/checkpoint.h>
+
+#include <string>
+#include <vector>
+
+namespace tinylm::interop {
+
+/// nanoGPT's name for a TransformerLM parameter ("blocks.0.attn.qkv_proj.weight" ->
+/// "transformer.h.0.attn.c_attn.weight"); throws on a name nanoGPT has no place for.
+std::string nanogpt_name(const std::string& tinylm_name);
+
+/// What export_nanogpt would say of a checkpoint: empty when nanoGPT's GPT expresses
+/// its model exactly; otherwise the differences that make it refuse (`refusals`) or
+/// that it writes anyway and reports (`notes`).
+struct NanoGPTFit {
+  std::vector<std::string> refusals;
+  std::vector<std::string> notes;
+};
+NanoGPTFit nanogpt_fit(const train::Checkpoint& checkpoint);
+
+/// Writes a nanoGPT checkpoint to `path` (atomically; an existing file is refused unless
+/// `overwrite`): {"model": state dict with nanoGPT's names and layout (lm_head.weight
+/// tied to transformer.wte.weight), "model_args": {n_layer, n_head, n_embd, block_size,
+/// bias, vocab_size, dropout}, "iter_num", "best_val_loss", "tinylm_architecture"}, which
+/// nanoGPT's GPT loads with load_state_dict(strict=True). Refuses, naming the reason, a
+/// model nanoGPT cannot express (the tiny model, post-LN, sinusoidal or no positions,
+/// untied head, no biases, an MLP expansion other than 4). Returns the notes (a model
+/// with tanh-approximated GELU: nanoGPT's exact GELU gives slightly different logits).
+std::vector<std::string> export_nanogpt(const train::Checkpoint& checkpoint, const std::string& path,
+                                        bool overwrite = false);
+
+}  // namespace tinylm::interop

@@ -1,0 +1,151 @@
+// PyTorch interop: nanoGPT's names and layout for a tinylm transformer, refusals for
+// what nanoGPT cannot express, and the exported file read back through LibTorch's pickle.
+// Python's side (nanoGPT's GPT loading the export) is tests/cli/test_nanogpt.sh.
+#include "test_util.h"
+
+#include <tinylm/interop.h>
+#include <tinylm/nn/model.h>
+#include <tinylm/train/checkpoint.h>
+
+#include <torch/serialize.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+using namespace tinylm;
+using tinylm::test::error_message;
+
+namespace {
+
+/// A checkpoint of `model` (weights only) in `dir`, read back.
+train::Checkpoint checkpoint_of(nn::LanguageModelImpl& model, const std::filesystem::path& dir,
+                                const std::string& name) {
+  const auto path = (dir / (name + ".ckpt")).string();
+  train::TrainingState state;
+  state.step = 7;
+  train::save_checkpoint(path, model, nullptr, state);
+  return train::read_checkpoint(path);
+}
+
+nn::TransformerLMOptions small() { return nn::TransformerLMOptions(10, 8, 16, 2, 2); }
+
+c10::impl::GenericDict read_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+}  // namespace
+
+TEST_CASE("every transformer parameter has its nanoGPT name", "[interop]") {
+  nn::TransformerLM model(small());
+  std::set<std::string> names;
+  for (const auto& p : model->named_parameters()) names.insert(interop::nanogpt_name(p.key()));
+  CHECK(names.size() == model->named_parameters().size());  // no two share a name
+  CHECK(interop::nanogpt_name("token_embedding.weight") == "transformer.wte.weight");
+  CHECK(interop::nanogpt_name("learned_positions.weight") == "transformer.wpe.weight");
+  CHECK(interop::nanogpt_name("blocks.1.attn.qkv_proj.weight") == "transformer.h.1.attn.c_attn.weight");
+  CHECK(interop::nanogpt_name("blocks.0.attn.out_proj.bias") == "transformer.h.0.attn.c_proj.bias");
+  CHECK(interop::nanogpt_name("blocks.0.mlp.fc.weight") == "transformer.h.0.mlp.c_fc.weight");
+  CHECK(interop::nanogpt_name("blocks.0.mlp.proj.weight") == "transformer.h.0.mlp.c_proj.weight");
+  CHECK(interop::nanogpt_name("blocks.12.ln2.bias") == "transformer.h.12.ln_2.bias");
+  CHECK(interop::nanogpt_name("ln_f.weight") == "transformer.ln_f.weight");
+  CHECK_THAT(error_message([] { interop::nanogpt_name("attention.qkv_proj.weight"); }),
+             Catch::Contains("nanoGPT has no parameter for tinylm's 'attention.qkv_proj.weight'"));
+  CHECK_THAT(error_message([] { interop::nanogpt_name("blocks.0.mlp.fc.weight.extra"); }),
+             Catch::Contains("nanoGPT has no parameter"));
+}
+
+TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[interop][errors]") {
+  const auto dir = test::scratch_dir("interop_refusals");
+  struct Case {
+    std::string name, reason;
+    nn::LanguageModel model;
+  };
+  std::vector<Case> cases = {
+      {"tiny", "its model is a 'tiny' model", nn::TinyAttentionLM(nn::TinyAttentionLMOptions(10, 8, 16, 2)).ptr()},
+      {"post-ln", "its blocks are post-LN", nn::TransformerLM(small().pre_ln(false)).ptr()},
+      {"sinusoidal", "its positions are sinusoidal",
+       nn::TransformerLM(small().positions(nn::PositionEncoding::sinusoidal)).ptr()},
+      {"untied", "its LM head is untied", nn::TransformerLM(small().tie_weights(false)).ptr()},
+      {"no-bias", "it has no Linear biases", nn::TransformerLM(small().bias(false)).ptr()},
+      {"expansion", "its MLP expands 2x", nn::TransformerLM(small().mlp_expansion(2)).ptr()},
+  };
+  for (auto& c : cases) {
+    INFO(c.name);
+    const auto ck = checkpoint_of(*c.model, dir, c.name);
+    CHECK_FALSE(interop::nanogpt_fit(ck).refusals.empty());
+    const auto out = (dir / (c.name + ".pt")).string();
+    CHECK_THAT(error_message([&] { interop::export_nanogpt(ck, out); }),
+               Catch::Contains("cannot export") && Catch::Contains(c.reason));
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+}
+
+TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by LibTorch's pickle",
+          "[interop]") {
+  const auto dir = test::scratch_dir("interop_export");
+  torch::manual_seed(5);
+  nn::TransformerLM model(small().activation(nn::Activation::gelu));
+  const auto ck = checkpoint_of(*model, dir, "gelu");
+  CHECK(interop::nanogpt_fit(ck).refusals.empty());
+  CHECK(interop::nanogpt_fit(ck).notes.empty());
+  const auto out = (dir / "gelu.pt").string();
+  CHECK(interop::export_nanogpt(ck, out).empty());
+
+  auto top = read_pickle(out);
+  auto state = top.at("model").toGenericDict();
+  CHECK(state.size() == ck.parameter_names.size() + 1);  // + lm_head.weight, tied
+  for (const auto& name : ck.parameter_names) {
+    INFO(name);
+    REQUIRE(state.contains(interop::nanogpt_name(name)));
+    CHECK(torch::equal(state.at(interop::nanogpt_name(name)).toTensor(), ck.model.at(name)));
+  }
+  CHECK(torch::equal(state.at("lm_head.weight").toTensor(), ck.model.at("token_embedding.weight")));
+  auto args = top.at("model_args").toGenericDict();
+  CHECK(args.at("n_layer").toInt() == 2);
+  CHECK(args.at("n_head").toInt() == 2);
+  CHECK(args.at("n_embd").toInt() == 16);
+  CHECK(args.at("block_size").toInt() == 8);
+  CHECK(args.at("vocab_size").toInt() == 10);
+  CHECK(args.at("bias").toBool());
+  CHECK(top.at("iter_num").toInt() == 7);
+
+  // An existing file is kept unless overwriting is asked for.
+  CHECK_THAT(error_message([&] { interop::export_nanogpt(ck, out); }), Catch::Contains("already exists"));
+  CHECK_NOTHROW(interop::export_nanogpt(ck, out, /*overwrite=*/true));
+  CHECK_THAT(error_message([&] { interop::export_nanogpt(ck, (dir / "nowhere" / "x.pt").string()); }),
+             Catch::Contains("does not exist"));
+
+  // The default MLP (tanh GELU) exports, with a note saying what differs.
+  nn::TransformerLM tanh_model(small());
+  const auto tanh_ck = checkpoint_of(*tanh_model, dir, "tanh");
+  const auto notes = interop::export_nanogpt(tanh_ck, (dir / "tanh.pt").string());
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Catch::Contains("tanh-approximated GELU"));
+}
+
+// Run by tests/cli/test_nanogpt.sh: writes the logits tinylm's model gives for fixed ids,
+// so Python can compare nanoGPT's on the exported weights.
+TEST_CASE("write a checkpoint's logits for fixed ids", "[.][nanogpt-logits]") {
+  const char* ckpt = std::getenv("TINYLM_EXPORT_CKPT");
+  const char* out = std::getenv("TINYLM_LOGITS_OUT");
+  REQUIRE(ckpt);
+  REQUIRE(out);
+  const auto ck = train::read_checkpoint(train::resolve_checkpoint_path(ckpt));
+  auto model = nn::build_model(ck.architecture);
+  train::load_model_state(ck, *model);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t T = model->context_length(), V = model->vocab_size();
+  auto ids = (torch::arange(2 * T, torch::kLong) * 7 + 3).remainder(V).view({2, T});
+  auto logits = model->forward(ids).logits;
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert("ids", ids);
+  dict.insert("logits", logits);
+  const auto bytes = torch::pickle_save(dict);
+  std::ofstream(out, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::printf("wrote %s: logits %s\n", out, c10::str(logits.sizes()).c_str());
+}
