@@ -618,6 +618,56 @@ int run_export(const ExportArgs& a) {
   return 0;
 }
 
+// ---- import ----------------------------------------------------------------------------
+
+struct ImportArgs {
+  std::string file, out;
+  int64_t n_heads = 0;
+};
+
+int run_import(const ImportArgs& a) {
+  TORCH_CHECK(a.n_heads >= 0, "--n-heads must be >= 1 (0 = the checkpoint's model_args), got ", a.n_heads);
+  std::error_code ec;
+  TORCH_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(a.out, ec)), "'", a.out,
+              "' already exists: choose another --out (tinylm does not overwrite checkpoints)");
+  interop::NanoGPTImport imported;
+  try {
+    imported = interop::import_nanogpt(a.file, a.n_heads);
+  } catch (const c10::Error& e) {
+    const std::string why = e.what_without_backtrace();
+    TORCH_CHECK(why.find("give the number of heads") == std::string::npos, why, " (--n-heads N)");
+    throw;
+  }
+  const auto* model = dynamic_cast<const nn::TransformerLMImpl*>(imported.model.get());
+  TORCH_CHECK(model, "import: not a TransformerLM");
+  const auto& o = model->options;
+  // The recipe a resumed run starts from: the model as imported, the repeat task (give
+  // --task and --data when resuming to train on text).
+  RunConfig cfg;
+  cfg.model = "transformer";
+  cfg.vocab_size = o.vocab_size();
+  cfg.d_model = o.d_model();
+  cfg.n_heads = o.n_heads();
+  cfg.n_layers = o.n_layers();
+  cfg.context_length = o.context_length();
+  cfg.activation = "gelu";
+  cfg.bias = o.bias();
+  cfg.tie_weights = o.tie_weights();
+  cfg.seq_len = std::min<int64_t>(cfg.seq_len, o.context_length());
+  cfg.out_dir = std::filesystem::path(a.out).has_parent_path()
+                    ? std::filesystem::path(a.out).parent_path().string() : ".";
+  validate(cfg);
+  train::TrainingState state;
+  state.step = imported.iter_num;
+  train::save_checkpoint(a.out, *imported.model, nullptr, state, to_toml(cfg));
+  for (const auto& note : imported.notes) logger()->warn("note: {}", note);
+  logger()->info("wrote {}: a transformer ({} layers, d_model {}, {} heads, vocab {}, context {}, exact "
+                 "GELU) at step {}, {} parameters; no optimizer state: training from it starts a fresh one",
+                 a.out, o.n_layers(), o.d_model(), o.n_heads(), o.vocab_size(), o.context_length(),
+                 imported.iter_num, nn::count_parameters(*imported.model));
+  return 0;
+}
+
 struct SampleArgs {
   std::string checkpoint, prompt, device = "auto", data, attention_json;
   int64_t max_new_tokens = 20, top_k = 0, seed = -1, layer = -1, head = 0, threads = 1;
@@ -767,6 +817,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   export_cmd->add_flag("--overwrite", export_args.overwrite, "replace --out if it exists");
 
+  ImportArgs import_args;
+  auto* import_cmd = app.add_subcommand("import", "make a tinylm checkpoint from a nanoGPT (PyTorch) one");
+  import_cmd->add_option("file", import_args.file, "nanoGPT's ckpt.pt, or a bare state dict (.pt)")->required();
+  import_cmd->add_option("--out", import_args.out, "the checkpoint to write (must not exist)")->required();
+  integer(import_cmd->add_option("--n-heads", import_args.n_heads,
+                                 "attention heads, for a state dict without model_args (0 = model_args')"))
+      ->capture_default_str();
+
   BenchArgs bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
   bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, dp")
@@ -804,6 +862,7 @@ int main(int argc, char** argv) {
     if (*bench_cmd) return run_bench(bench_args);
     if (*inspect_cmd) return run_inspect(inspect_args);
     if (*export_cmd) return run_export(export_args);
+    if (*import_cmd) return run_import(import_args);
   } catch (const c10::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());

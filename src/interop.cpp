@@ -10,7 +10,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 
 namespace tinylm::interop {
@@ -131,6 +134,141 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
   const std::vector<char> bytes = torch::pickle_save(top);
   internal::write_file_atomically(path, std::string(bytes.begin(), bytes.end()), "export");
   return fit.notes;
+}
+
+// ---- import ------------------------------------------------------------------------
+
+NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
+  TORCH_CHECK(n_heads >= 0, "import: n_heads must be >= 0 (0 = the checkpoint's), got ", n_heads);
+  const std::string bytes = internal::read_regular_file(path, "nanoGPT checkpoint");
+  // torch.save's format since PyTorch 1.6: a zip archive holding the pickle and the tensors.
+  TORCH_CHECK(bytes.rfind("PK\x03\x04", 0) == 0, "'", path, "' is not a file Python's torch.save "
+              "wrote (not its zip format; PyTorch before 1.6 wrote another: save it again with a newer one)");
+  c10::IValue top;
+  try {
+    top = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
+    why = why.substr(0, std::min(why.find('\n'), size_t{160}));
+    // LibTorch's unpickler reads dicts, lists and tensors; before 2.1 it lacks APPEND (a
+    // one-element list: an optimizer's param_groups) and an OrderedDict (a state_dict()).
+    TORCH_CHECK(false, "'", path, "' holds a pickle this LibTorch cannot read (", internal::printable(why),
+                "): save plain dicts of tensors in Python, e.g. torch.save({'model': dict(ck['model']), "
+                "'model_args': ck['model_args']}, PATH)");
+  }
+  TORCH_CHECK(top.isGenericDict(), "'", path, "' holds a ", top.tagKind(),
+              ", not a dict: expected nanoGPT's checkpoint or a state dict");
+  NanoGPTImport result;
+  auto state = top.toGenericDict();
+  std::optional<c10::impl::GenericDict> args;
+  if (state.contains("model") && state.at("model").isGenericDict()) {
+    const auto outer = state;
+    state = outer.at("model").toGenericDict();
+    if (outer.contains("model_args") && outer.at("model_args").isGenericDict())
+      args = outer.at("model_args").toGenericDict();
+    if (outer.contains("iter_num") && outer.at("iter_num").isInt()) result.iter_num = outer.at("iter_num").toInt();
+  }
+  std::map<std::string, torch::Tensor> weights;
+  int64_t masks = 0;
+  bool converted = false, prefixed = false;
+  for (const auto& entry : state) {
+    TORCH_CHECK(entry.key().isString(), "'", path, "': its state dict has a key that is not a string");
+    std::string name = entry.key().toStringRef();
+    if (name.rfind("_orig_mod.", 0) == 0) {
+      name = name.substr(10);
+      prefixed = true;
+    }
+    TORCH_CHECK(entry.value().isTensor(), "'", path, "': '", internal::printable(name), "' is a ",
+                entry.value().tagKind(), ", not a tensor");
+    auto t = entry.value().toTensor();
+    const std::string suffix = ".attn.bias";  // nanoGPT's causal mask, without flash attention
+    if (t.dim() == 4 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      ++masks;
+      continue;
+    }
+    if (t.scalar_type() != torch::kFloat) {
+      TORCH_CHECK(t.is_floating_point(), "'", path, "': '", internal::printable(name), "' is ",
+                  t.scalar_type(), ", not floating point");
+      t = t.to(torch::kFloat);
+      converted = true;
+    }
+    weights[name] = t.contiguous();
+  }
+  if (prefixed) result.notes.push_back("stripped torch.compile's '_orig_mod.' prefix");
+  if (masks) result.notes.push_back("skipped " + std::to_string(masks) + " causal-mask buffers (attn.bias)");
+  if (converted) result.notes.push_back("converted weights to float32");
+
+  auto need = [&](const std::string& name, int64_t dims) -> const torch::Tensor& {
+    auto it = weights.find(name);
+    TORCH_CHECK(it != weights.end(), "'", path, "' has no '", name,
+                "': not the state dict of nanoGPT's GPT (pre-LN, learned positions)");
+    TORCH_CHECK(it->second.dim() == dims, "'", path, "': '", name, "' has shape ", it->second.sizes(),
+                ", expected ", dims, " dimensions");
+    return it->second;
+  };
+  const auto& wte = need("transformer.wte.weight", 2);
+  const auto& wpe = need("transformer.wpe.weight", 2);
+  const int64_t V = wte.size(0), D = wte.size(1), C = wpe.size(0);
+  int64_t L = 0;
+  while (weights.count("transformer.h." + std::to_string(L) + ".ln_1.weight")) ++L;
+  TORCH_CHECK(L >= 1, "'", path, "' has no transformer.h.0 block");
+  const bool bias = weights.count("transformer.h.0.attn.c_attn.bias") > 0;
+  auto arg = [&](const char* key) -> std::optional<int64_t> {
+    if (!args || !args->contains(key) || !args->at(key).isInt()) return std::nullopt;
+    return args->at(key).toInt();
+  };
+  int64_t H = n_heads;
+  if (H == 0) {
+    TORCH_CHECK(arg("n_head"), "'", path, "' does not say its number of heads (a bare state dict, "
+                "or no model_args): give the number of heads");
+    H = *arg("n_head");
+  }
+  const std::pair<const char*, int64_t> implied[] = {
+      {"n_layer", L}, {"n_embd", D}, {"vocab_size", V}, {"block_size", C}, {"n_head", H}};
+  for (const auto& [key, value] : implied) {
+    const auto stated = arg(key);
+    TORCH_CHECK(!stated || *stated == value, "'", path, "': model_args says ", key, "=", *stated,
+                " but ", n_heads && std::string(key) == "n_head" ? "the number of heads given is "
+                                                                 : "the weights imply ", value);
+  }
+  TORCH_CHECK(H >= 1 && D % H == 0, "'", path, "': ", H, " heads do not divide the width ", D);
+  const bool tied = !weights.count("lm_head.weight") || torch::equal(weights.at("lm_head.weight"), wte);
+
+  auto options = nn::TransformerLMOptions(V, C, D, H, L)
+                     .activation(nn::Activation::gelu)
+                     .bias(bias)
+                     .tie_weights(tied)
+                     .pre_ln(true)
+                     .positions(nn::PositionEncoding::learned)
+                     .mlp_expansion(4);
+  result.model = nn::build_model(nn::architecture_of(options));  // checks that it fits in memory
+  std::set<std::string> used;
+  torch::NoGradGuard no_grad;
+  for (auto& p : result.model->named_parameters()) {
+    const std::string theirs = nanogpt_name(p.key());
+    auto it = weights.find(theirs);
+    if (it == weights.end() && !bias && p.key().size() > 5 &&
+        p.key().compare(p.key().size() - 5, 5, ".bias") == 0) {
+      p.value().zero_();  // bias=False: nanoGPT's LayerNorm has no bias, tinylm's is zero
+      continue;
+    }
+    TORCH_CHECK(it != weights.end(), "'", path, "' has no '", theirs, "', which nanoGPT's GPT with ",
+                L, " layers", bias ? "" : " and no biases", " has");
+    TORCH_CHECK(it->second.sizes() == p.value().sizes(), "'", path, "': '", theirs, "' has shape ",
+                it->second.sizes(), " but a GPT with n_embd=", D, ", vocab_size=", V,
+                ", block_size=", C, " has ", p.value().sizes());
+    p.value().copy_(it->second);
+    used.insert(theirs);
+  }
+  if (tied) used.insert("lm_head.weight");
+  for (const auto& [name, t] : weights)
+    TORCH_CHECK(used.count(name), "'", path, "' has '", internal::printable(name),
+                "', which nanoGPT's GPT with these model args does not have (a different model?)");
+  if (!bias) result.notes.push_back("bias=False: tinylm's LayerNorm biases are set to zero");
+  if (!tied) result.notes.push_back("its lm_head differs from its token embedding: an untied model");
+  return result;
 }
 
 }  // namespace tinylm::interop

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 
@@ -125,6 +126,52 @@ TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by Lib
   const auto notes = interop::export_nanogpt(tanh_ck, (dir / "tanh.pt").string());
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Catch::Contains("tanh-approximated GELU"));
+}
+
+TEST_CASE("an export imports back to the same model; broken state dicts are refused",
+          "[interop][errors]") {
+  const auto dir = test::scratch_dir("interop_import");
+  torch::manual_seed(9);
+  nn::TransformerLM model(small().activation(nn::Activation::gelu));
+  const auto ck = checkpoint_of(*model, dir, "source");
+  const auto pt = (dir / "source.pt").string();
+  interop::export_nanogpt(ck, pt);
+  auto imported = interop::import_nanogpt(pt);
+  CHECK(imported.iter_num == 7);
+  CHECK(imported.model->architecture().options.at("activation") == "gelu");
+  auto ids = torch::randint(10, {2, 8}, torch::kLong);
+  model->eval();
+  imported.model->eval();
+  CHECK(torch::equal(model->forward(ids).logits, imported.model->forward(ids).logits));
+
+  // Broken copies of the export's state dict, written the way the export writes.
+  auto write = [&](const std::string& name, const std::function<void(c10::impl::GenericDict&)>& edit) {
+    auto top = read_pickle(pt);
+    auto state = top.at("model").toGenericDict().copy();
+    edit(state);
+    top.insert_or_assign("model", state);
+    const auto bytes = torch::pickle_save(top);
+    const auto path = (dir / name).string();
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return path;
+  };
+  const auto missing = write("missing.pt", [](auto& s) { s.erase("transformer.h.1.mlp.c_proj.bias"); });
+  CHECK_THAT(error_message([&] { interop::import_nanogpt(missing); }),
+             Catch::Contains("has no 'transformer.h.1.mlp.c_proj.bias'"));
+  const auto extra = write("extra.pt", [](auto& s) { s.insert("transformer.h.0.attn.rotary", torch::ones({2})); });
+  CHECK_THAT(error_message([&] { interop::import_nanogpt(extra); }),
+             Catch::Contains("has 'transformer.h.0.attn.rotary', which nanoGPT's GPT"));
+  const auto shape = write("shape.pt", [](auto& s) { s.insert_or_assign("transformer.h.0.mlp.c_fc.weight", torch::ones({64, 15})); });
+  CHECK_THAT(error_message([&] { interop::import_nanogpt(shape); }),
+             Catch::Contains("'transformer.h.0.mlp.c_fc.weight' has shape [64, 15]"));
+  // An untied head imports as an untied model.
+  const auto untied = write("untied.pt", [](auto& s) { s.insert_or_assign("lm_head.weight", torch::zeros({10, 16})); });
+  auto u = interop::import_nanogpt(untied);
+  CHECK(u.model->architecture().options.at("tie_weights") == "false");
+  CHECK(u.model->forward(ids).logits.abs().max().item<float>() == 0.0f);
+  // Heads given that contradict model_args.
+  CHECK_THAT(error_message([&] { interop::import_nanogpt(pt, 4); }),
+             Catch::Contains("model_args says n_head=2 but the number of heads given is 4"));
 }
 
 // Run by tests/cli/test_nanogpt.sh: writes the logits tinylm's model gives for fixed ids,

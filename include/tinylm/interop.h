@@ -33,4 +33,21 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& checkpoint);
 std::vector<std::string> export_nanogpt(const train::Checkpoint& checkpoint, const std::string& path,
                                         bool overwrite = false);
 
+/// A model read from a nanoGPT checkpoint.
+struct NanoGPTImport {
+  nn::LanguageModel model;         // a TransformerLM with nanoGPT's weights (exact GELU)
+  int64_t iter_num = 0;            // the checkpoint's, 0 for a bare state dict
+  std::vector<std::string> notes;  // what was skipped or inferred
+};
+
+/// Reads `path`, written by Python's torch.save: nanoGPT's ckpt.pt ({"model": state dict,
+/// "model_args": {...}, ...}) or a bare state dict, whose number of heads the weights do
+/// not tell (`n_heads`, 0 = take model_args'). A "_orig_mod." prefix (torch.compile) is
+/// stripped and nanoGPT's causal-mask buffers ("attn.bias", when it ran without flash
+/// attention) are skipped. Every weight must be there with the shape the model args
+/// imply, and nothing else: a missing or extra key, or a shape that does not fit, is an
+/// error naming it. A head that differs from the token embedding makes an untied model;
+/// bias=False makes a model without Linear biases whose LayerNorm biases are zero.
+NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads = 0);
+
 }  // namespace tinylm::interop

@@ -261,7 +261,13 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
 
 void Trainer::resume(const Checkpoint& ck) {
   load_model_state(ck, *model_);
-  load_optimizer_state(ck, *optimizer_);
+  if (ck.optimizer_kind.empty()) {  // weights only (an import): the optimizer starts fresh
+    if (lead())
+      logger()->warn("checkpoint '{}' holds weights but no optimizer state (an import): the "
+                     "optimizer starts fresh", ck.path);
+  } else {
+    load_optimizer_state(ck, *optimizer_);
+  }
   TORCH_CHECK(ck.state.step <= options_.total_steps(), "checkpoint '", ck.path, "' is at step ",
               ck.state.step, ", past this run's last step ", options_.total_steps(),
               ": raise epochs or steps_per_epoch to train further");

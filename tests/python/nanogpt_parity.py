@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""A tinylm export loads into nanoGPT's GPT with strict=True and gives tinylm's logits.
+"""tinylm <-> nanoGPT: the same weights give the same logits in both.
 
 The model below is written here in nanoGPT's structure and parameter names (model.py of
 karpathy/nanoGPT: pre-LN blocks, learned positions, exact GELU, tied head); only the
 causal mask is a non-persistent buffer, as it is when nanoGPT uses flash attention.
-usage: nanogpt_parity.py EXPORT.pt LOGITS.pt  (LOGITS: {"ids", "logits"} from tinylm)
+usage:
+  nanogpt_parity.py compare CKPT.pt LOGITS.pt   load CKPT (a tinylm export, or a file
+      `make` wrote) into GPT with strict=True; compare its logits for LOGITS' ids
+      ({"ids", "logits"}, written by tinylm) within 1e-5
+  nanogpt_parity.py make OUT.pt [--bare]        a GPT with random weights saved as
+      nanoGPT saves it (torch.compile's prefix, model_args, optimizer state) and the
+      model alone (OUT-model.pt), or as a bare state dict (a dict, and the OrderedDict
+      state_dict() returns in OUT-ordered.pt)
 """
 import math
 import sys
@@ -91,21 +98,54 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def main():
-    ck = torch.load(sys.argv[1])
-    reference = torch.load(sys.argv[2])
-    model = GPT(ck["model_args"])
-    model.load_state_dict(ck["model"], strict=True)  # raises on a missing or extra key
+def load_compare(path):
+    ck = torch.load(path)
+    state = {k[len("_orig_mod."):] if k.startswith("_orig_mod.") else k: v for k, v in ck["model"].items()}
+    return ck["model_args"], state
+
+
+def compare(ckpt, logits_file):
+    args, state = load_compare(ckpt)
+    reference = torch.load(logits_file)
+    model = GPT(args)
+    model.load_state_dict(state, strict=True)  # raises on a missing or extra key
     model.eval()
     with torch.no_grad():
         logits = model(reference["ids"])
     worst = (logits - reference["logits"]).abs().max().item()
     ok = logits.shape == reference["logits"].shape and worst <= 1e-5
-    print(("ok  " if ok else "FAIL") + f" nanoGPT's GPT loaded the export (strict=True, "
+    print(("ok  " if ok else "FAIL") + f" nanoGPT's GPT loaded {ckpt} (strict=True, "
           f"{sum(p.numel() for p in model.parameters())} parameters); logits {tuple(logits.shape)}, "
           f"largest difference from tinylm's {worst:.3g} (tolerance 1e-5)")
-    sys.exit(0 if ok else 1)
+    return ok
+
+
+def make(out, bare):
+    torch.manual_seed(7)
+    args = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, bias=True, vocab_size=50, dropout=0.0)
+    model = GPT(args)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)  # far from any default, so a missed weight shows in the logits
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    if bare:
+        torch.save(dict(model.state_dict()), out)
+        torch.save(model.state_dict(), out.replace(".pt", "-ordered.pt"))  # an OrderedDict
+        return True
+    state = {"_orig_mod." + k: v for k, v in model.state_dict().items()}  # as torch.compile saves it
+    torch.save({"model": state, "optimizer": optimizer.state_dict(), "model_args": args,
+                "iter_num": 250, "best_val_loss": torch.tensor(1.25),
+                "config": {"dataset": "shakespeare_char", "compile": True}}, out)
+    # What LibTorch before 2.1 can read: the model alone (its unpickler lacks APPEND).
+    torch.save({"model": state, "model_args": args, "iter_num": 250}, out.replace(".pt", "-model.pt"))
+    return True
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "compare":
+        ok = compare(sys.argv[2], sys.argv[3])
+    else:
+        ok = make(sys.argv[2], "--bare" in sys.argv[3:])
+    sys.exit(0 if ok else 1)
