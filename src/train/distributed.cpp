@@ -252,23 +252,17 @@ torch::Tensor ProcessGroup::stage(const torch::Tensor& flat) const {
   return flat.is_cpu() ? flat : flat.cpu();  // Gloo: through host memory
 }
 
-void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) {
-  if (tensors.empty() || options_.world_size == 1) return;
-  torch::NoGradGuard no_grad;
-  auto flat = flat_view(tensors);
-  std::vector<torch::Tensor> buffers{stage(flat)};
-  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
-  if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
-  scatter_back(flat, tensors);
-}
+void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) { all_reduce(tensors, false); }
 
-void ProcessGroup::all_reduce_mean(const std::vector<torch::Tensor>& tensors) {
+void ProcessGroup::all_reduce_mean(const std::vector<torch::Tensor>& tensors) { all_reduce(tensors, true); }
+
+void ProcessGroup::all_reduce(const std::vector<torch::Tensor>& tensors, bool mean) {
   if (tensors.empty() || options_.world_size == 1) return;
   torch::NoGradGuard no_grad;
   auto flat = flat_view(tensors);
   std::vector<torch::Tensor> buffers{stage(flat)};
   wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
-  buffers[0].div_(static_cast<double>(options_.world_size));
+  if (mean) buffers[0].div_(static_cast<double>(options_.world_size));
   if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
   scatter_back(flat, tensors);
 }

@@ -91,6 +91,7 @@ class ProcessGroup {
 
  private:
   explicit ProcessGroup(DistributedOptions options);
+  void all_reduce(const std::vector<torch::Tensor>& tensors, bool mean);
   struct Impl;
   /// The buffer a collective runs on: `flat` itself, or a copy on the backend's side
   /// (host memory for Gloo, the rank's GPU for NCCL), copied back by finish().
