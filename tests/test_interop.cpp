@@ -128,7 +128,7 @@ TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by Lib
   CHECK_THAT(notes[0], Catch::Contains("tanh-approximated GELU"));
 }
 
-TEST_CASE("an export imports back to the same model; broken state dicts are refused",
+TEST_CASE("an export imports back to the same model, and broken state dicts are refused",
           "[interop][errors]") {
   const auto dir = test::scratch_dir("interop_import");
   torch::manual_seed(9);

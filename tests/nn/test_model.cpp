@@ -132,7 +132,7 @@ TEST_CASE(".to(dtype) moves parameters and buffers of a whole model", "[nn][mode
   CHECK(logits.scalar_type() == torch::kFloat64);
 }
 
-TEST_CASE("an architecture rebuilds its model; unknown options are skipped, newer versions refused",
+TEST_CASE("an architecture rebuilds its model, unknown options are skipped and newer versions refused",
           "[nn][model][architecture]") {
   TransformerLM deep(TransformerLMOptions(30, 9, 16, 2, 3).positions(PositionEncoding::sinusoidal)
                          .tie_weights(false).dropout(0.25).mlp_expansion(2));

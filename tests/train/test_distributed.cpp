@@ -129,7 +129,7 @@ TEST_CASE("a one-process group leaves tensors as they are", "[distributed]") {
   CHECK_FALSE(group->any(false));
 }
 
-TEST_CASE("two ranks reduce, gather and broadcast; evaluation is split and reduced",
+TEST_CASE("two ranks reduce, gather and broadcast, and evaluation is split and reduced",
           "[distributed]") {
   auto groups = two_ranks(30);
   auto g0 = groups.first, g1 = groups.second;
@@ -191,18 +191,20 @@ TEST_CASE("two ranks reduce, gather and broadcast; evaluation is split and reduc
              Catch::Contains("batch_size 7 must be a multiple of the world size 2"));
 }
 
-TEST_CASE("a collective whose peer does not answer fails within the timeout, naming the rank",
-          "[distributed][errors]") {
-  auto groups = two_ranks(1.5);
+TEST_CASE("a collective whose peer has left fails at once, naming the rank", "[distributed][errors]") {
+  // A generous timeout: joining can take seconds on a loaded machine (the store's client
+  // retries); a peer that leaves closes its connections, which ends the wait at once.
+  auto groups = two_ranks(30);
   auto g0 = groups.first;
+  groups.second.reset();  // rank 1 leaves the job
   auto t = torch::ones({4});
   const auto start = std::chrono::steady_clock::now();
-  const std::string why = error_message([&] { g0->all_reduce_mean({t}); });  // rank 1 never joins
+  const std::string why = error_message([&] { g0->all_reduce_mean({t}); });
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK_THAT(why, Catch::Contains("rank 0 of 2: the all-reduce failed"));
-  CHECK_THAT(why, Catch::Contains("stopped answering for 1.5 s"));
+  CHECK_THAT(why, Catch::Contains("another process of the job died, stopped answering for 30 s, or left"));
   CHECK(why.find('\n') == std::string::npos);
-  CHECK(took < 10);
+  CHECK(took < 30);
 }
 
 // Run by tests/cli/test_distributed.sh with TINYLM_COMPARE_A and TINYLM_COMPARE_B set to
