@@ -155,7 +155,7 @@ TEST_CASE("an export imports back to the same model, and broken state dicts are 
     std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return path;
   };
-  const auto missing = write("missing.pt", [](auto& s) { s.erase("transformer.h.1.mlp.c_proj.bias"); });
+  const auto missing = write("missing.pt", [](auto& s) { (void)s.erase("transformer.h.1.mlp.c_proj.bias"); });
   CHECK_THAT(error_message([&] { interop::import_nanogpt(missing); }),
              Catch::Contains("has no 'transformer.h.1.mlp.c_proj.bias'"));
   const auto extra = write("extra.pt", [](auto& s) { s.insert("transformer.h.0.attn.rotary", torch::ones({2})); });
