@@ -2,6 +2,8 @@
 //   tinylm train  [--config F] [--flags...] [--resume CKPT|DIR] [--print-config]
 //   tinylm eval   CKPT|DIR [--json]
 //   tinylm sample CKPT|DIR --prompt "..." [--heatmap]
+//   tinylm prepare --data TEXT... --out DIR [--tokenizer bpe|unigram|byte] [--vocab-size N]
+//   tinylm inspect | export | import | bench
 #include "bench.h"
 
 #include <tinylm/tinylm.h>
@@ -393,7 +395,7 @@ int run_train(const TrainArgs& args) {
   log->info("final: train loss {:.6f} | validation loss {:.6f} | accuracy {:.2f}% | exact match {:.2f}%",
             result.losses.empty() ? 0.0 : result.losses.back(), m.loss, 100 * m.accuracy,
             100 * m.exact_match);
-  if (lead) print_heatmap(trainer);
+  if (lead && cfg.seq_len <= 32) print_heatmap(trainer);  // wider ones do not fit a terminal
   log->info("checkpoints: last {} | best {} | metrics {}/metrics.jsonl", result.last_checkpoint,
             result.best_checkpoint, cfg.out_dir);
   return 0;
@@ -405,12 +407,25 @@ struct LoadedRun {
   train::Checkpoint checkpoint;
   RunConfig config;  // the one it was trained with
   nn::LanguageModel model;
-  std::unique_ptr<data::Task> task;
+  std::unique_ptr<data::Task> task;  // only when the data is needed (eval)
+  std::shared_ptr<const data::Tokenizer> tokenizer;
   torch::Device device = torch::kCPU;
 };
 
+/// The checkpoint's own tokenizer; for one written before tokenizers were stored, the
+/// one its task implies (bytes for text, the corpus's for tokens, ids otherwise).
+std::shared_ptr<const data::Tokenizer> tokenizer_of(const LoadedRun& run) {
+  if (auto stored = train::checkpoint_tokenizer(run.checkpoint)) return stored;
+  if (run.task) return run.task->tokenizer();
+  if (run.config.task == "text") return data::byte_tokenizer();
+  TORCH_CHECK(run.config.task != "tokens", "checkpoint '", run.checkpoint.path,
+              "' carries no tokenizer (written by an older tinylm): pass --data DIR, the prepared corpus"
+              " it was trained on");
+  return data::ids_tokenizer(run.model->vocab_size());
+}
+
 LoadedRun load_run(const std::string& path, const std::string& device, int64_t threads,
-                   const std::string& data_override) {
+                   const std::string& data_override, bool need_data) {
   TORCH_CHECK(threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", threads);
   set_cpu_threads(threads);
   LoadedRun run;
@@ -424,16 +439,26 @@ LoadedRun load_run(const std::string& path, const std::string& device, int64_t t
   train::load_model_state(run.checkpoint, *run.model);
   run.model->to(run.device);
   run.model->eval();
-  if (cfg.task == "text") {
+  const bool has_tokenizer = !run.checkpoint.tokenizer_kind.empty();
+  if (need_data || (cfg.task == "tokens" && !has_tokenizer)) {
     try {
       run.task = make_task(cfg);
     } catch (const c10::Error& e) {
+      const bool file_data = cfg.task == "text" || cfg.task == "tokens";
       TORCH_CHECK(false, e.what_without_backtrace(),
-                  data_override.empty() ? " (the checkpoint's text data file; pass --data PATH if it moved)" : "");
+                  file_data && data_override.empty() ? " (the checkpoint's data; pass --data PATH if it moved)" : "");
     }
-  } else {
-    run.task = make_task(cfg);
   }
+  run.tokenizer = tokenizer_of(run);
+  if (run.task && has_tokenizer)
+    TORCH_CHECK(run.task->tokenizer()->kind() == run.tokenizer->kind() &&
+                    run.task->tokenizer()->model_bytes() == run.tokenizer->model_bytes(),
+                "checkpoint '", run.checkpoint.path, "' was trained with another tokenizer than the data '",
+                cfg.data, "' (", run.tokenizer->describe(), " vs ", run.task->tokenizer()->describe(),
+                "): pass --data with the corpus it was trained on");
+  TORCH_CHECK(run.tokenizer->vocab_size() <= run.model->vocab_size(), "checkpoint '", run.checkpoint.path,
+              "': its tokenizer has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocabulary ",
+              run.model->vocab_size());
   return run;
 }
 
@@ -447,17 +472,21 @@ int run_eval(const EvalArgs& a) {
   TORCH_CHECK(a.batches >= 1, "--batches must be >= 1, got ", a.batches);
   TORCH_CHECK(a.batch_size >= 0, "--batch-size must be >= 1 (0 = the checkpoint's), got ", a.batch_size);
   TORCH_CHECK(a.seed >= 0, "--seed must be >= 0, got ", a.seed);
-  auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
+  auto run = load_run(a.checkpoint, a.device, a.threads, a.data, /*need_data=*/true);
   const auto& cfg = run.config;
   const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
   train::check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
   auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
+  // Bits per byte of text: comparable across tokenizers (a byte model's is loss / ln 2).
+  const double bytes_per_token = run.task->bytes_per_token(data::Split::validation);
+  const double bits_per_byte = bytes_per_token > 0 ? m.loss / std::log(2.0) / bytes_per_token : 0;
   if (a.json) {
-    const nlohmann::ordered_json line = {
+    nlohmann::ordered_json line = {
         {"checkpoint", run.checkpoint.path}, {"step", run.checkpoint.state.step},
         {"task", cfg.task}, {"model", cfg.model}, {"loss", m.loss}, {"perplexity", m.perplexity},
         {"accuracy", m.accuracy}, {"exact_match", m.exact_match}, {"tokens", m.tokens},
         {"rows", m.rows}};
+    if (bytes_per_token > 0) line["bits_per_byte"] = bits_per_byte;
     std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
@@ -467,6 +496,9 @@ int run_eval(const EvalArgs& a) {
   std::printf("loss %.6f | perplexity %.4f | accuracy %.2f%% (%lld tokens) | exact match %.2f%% (%lld rows)\n",
               m.loss, m.perplexity, 100 * m.accuracy, static_cast<long long>(m.tokens),
               100 * m.exact_match, static_cast<long long>(m.rows));
+  if (bytes_per_token > 0)
+    std::printf("%.4f bits per byte (%.4f nats per token, %.3f bytes of text per token; %s)\n", bits_per_byte,
+                m.loss, bytes_per_token, run.tokenizer->describe().c_str());
   return 0;
 }
 
@@ -598,6 +630,73 @@ int run_inspect(const InspectArgs& a) {
   return 0;
 }
 
+// ---- prepare ---------------------------------------------------------------------------
+
+struct PrepareArgs {
+  std::vector<std::string> data;
+  std::string tokenizer = "bpe", tokenizer_model, out;
+  int64_t vocab_size = 4096, threads = 0;
+  double val_fraction = 0.1;
+};
+
+/// A progress bar on a terminal; elsewhere a line every 10 s.
+class ProgressBar {
+ public:
+  ProgressBar() : tty_(::isatty(STDERR_FILENO) == 1) {}
+  void operator()(const data::PrepareProgress& p) {
+    const double mb = p.bytes_done / 1e6, rate = p.seconds > 0 ? mb / p.seconds : 0;
+    const bool done = p.bytes_total > 0 && p.bytes_done >= p.bytes_total;
+    std::string line = p.phase == "tokenizer" ? "reading for the tokenizer" : "encoding";
+    if (p.bytes_total > 0) {
+      const double f = std::min(1.0, static_cast<double>(p.bytes_done) / p.bytes_total);
+      const int filled = static_cast<int>(f * 24);
+      const double eta = rate > 0 ? (p.bytes_total - p.bytes_done) / 1e6 / rate : 0;
+      line += fmt::format(" [{}{}] {:3.0f}% {:.1f}/{:.1f} MB, {:.2f} MB/s, ETA {:.0f} s", std::string(filled, '#'),
+                          std::string(24 - filled, '.'), 100 * f, mb, p.bytes_total / 1e6, rate, eta);
+    } else {
+      line += fmt::format(" {:.1f} MB, {:.2f} MB/s", mb, rate);
+    }
+    if (p.phase == "encode") line += fmt::format(", {} tokens", p.tokens);
+    if (tty_) {
+      std::fprintf(stderr, "\r%-100s%s", line.c_str(), done ? "\n" : "");
+    } else if (done || p.seconds - last_ >= 10) {
+      last_ = p.seconds;
+      logger()->info("{}", line);
+    }
+  }
+
+ private:
+  bool tty_;
+  double last_ = 0;
+};
+
+int run_prepare(const PrepareArgs& a) {
+  data::PrepareOptions o;
+  o.inputs = a.data;
+  o.tokenizer = a.tokenizer;
+  o.tokenizer_model = a.tokenizer_model;
+  o.vocab_size = a.vocab_size;
+  o.val_fraction = a.val_fraction;
+  o.out_dir = a.out;
+  o.sentencepiece.threads = a.threads;
+  ProgressBar bar;
+  o.progress = [&bar](const data::PrepareProgress& p) { bar(p); };
+  const auto sum = data::prepare(o);
+  auto log = logger();
+  if (!sum.skipped.empty())
+    log->warn("skipped {} binary file(s) in the directories given, e.g. {}", sum.skipped.size(), sum.skipped.front());
+  const double total_mb = (sum.train_bytes + sum.val_bytes) / 1e6;
+  log->info("read {} file(s), {:.2f} MB of text; tokenizer: {}{}", sum.files.size(), total_mb, sum.tokenizer,
+            sum.tokenizer_seconds > 0 ? fmt::format(" (trained in {:.1f} s)", sum.tokenizer_seconds) : "");
+  log->info("train.bin: {} tokens ({} bytes of text) | val.bin: {} tokens ({} bytes) | {:.3f} bytes per token, "
+            "uint{} tokens", sum.train_tokens, sum.train_bytes, sum.val_tokens, sum.val_bytes,
+            sum.bytes_per_token(), 8 * sum.token_bytes);
+  log->info("encoded at {:.2f} MB/s; wrote {}/{{train.bin, val.bin{}, prepare.json}}; train on it with "
+            "--task tokens --data {} --vocab-size {}", sum.encode_seconds > 0 ? total_mb / sum.encode_seconds : 0,
+            a.out, sum.tokenizer.rfind("SentencePiece", 0) == 0 ? ", tokenizer.model" : "", a.out, sum.vocab_size);
+  return 0;
+}
+
 // ---- export ----------------------------------------------------------------------------
 
 struct ExportArgs {
@@ -621,7 +720,7 @@ int run_export(const ExportArgs& a) {
 // ---- import ----------------------------------------------------------------------------
 
 struct ImportArgs {
-  std::string file, out;
+  std::string file, out, tokenizer;
   int64_t n_heads = 0;
 };
 
@@ -630,6 +729,8 @@ int run_import(const ImportArgs& a) {
   std::error_code ec;
   TORCH_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(a.out, ec)), "'", a.out,
               "' already exists: choose another --out (tinylm does not overwrite checkpoints)");
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  if (!a.tokenizer.empty()) tokenizer = data::load_sentencepiece(a.tokenizer);
   interop::NanoGPTImport imported;
   try {
     imported = interop::import_nanogpt(a.file, a.n_heads);
@@ -641,6 +742,8 @@ int run_import(const ImportArgs& a) {
   const auto* model = dynamic_cast<const nn::TransformerLMImpl*>(imported.model.get());
   TORCH_CHECK(model, "import: not a TransformerLM");
   const auto& o = model->options;
+  TORCH_CHECK(!tokenizer || tokenizer->vocab_size() <= o.vocab_size(), "--tokenizer '", a.tokenizer, "' has ",
+              tokenizer->vocab_size(), " pieces, more than the model's vocabulary ", o.vocab_size());
   // The recipe a resumed run starts from: the model as imported, the repeat task (give
   // --task and --data when resuming to train on text).
   RunConfig cfg;
@@ -659,7 +762,7 @@ int run_import(const ImportArgs& a) {
   validate(cfg);
   train::TrainingState state;
   state.step = imported.iter_num;
-  train::save_checkpoint(a.out, *imported.model, nullptr, state, to_toml(cfg));
+  train::save_checkpoint(a.out, *imported.model, nullptr, state, to_toml(cfg), tokenizer.get());
   for (const auto& note : imported.notes) logger()->warn("note: {}", note);
   logger()->info("wrote {}: a transformer ({} layers, d_model {}, {} heads, vocab {}, context {}, exact "
                  "GELU) at step {}, {} parameters; no optimizer state: training from it starts a fresh one",
@@ -684,7 +787,7 @@ int run_sample(const SampleArgs& a) {
   TORCH_CHECK(available == 0 || sequence_bytes < static_cast<double>(available), "--max-new-tokens ",
               a.max_new_tokens, " needs more memory than the ", available >> 20,
               " MiB available: ask for fewer tokens");
-  auto run = load_run(a.checkpoint, a.device, a.threads, a.data);
+  auto run = load_run(a.checkpoint, a.device, a.threads, a.data, /*need_data=*/false);
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;
   o.temperature = a.temperature;
@@ -692,9 +795,14 @@ int run_sample(const SampleArgs& a) {
   o.top_p = a.top_p;
   o.greedy = a.greedy;
   if (a.seed >= 0) o.seed = static_cast<uint64_t>(a.seed);
-  auto prompt = run.task->encode(a.prompt);
-  auto out = generate(*run.model, prompt, o);
-  std::printf("%s\n", run.task->decode(out).c_str());
+  const auto prompt_ids = run.tokenizer->encode(a.prompt);
+  TORCH_CHECK(!prompt_ids.empty(), "--prompt is empty: give ",
+              run.tokenizer->kind() == "ids" ? "at least one token id, e.g. --prompt \"3 3 3\""
+                                             : "some text, e.g. --prompt \"Once upon\"");
+  auto prompt = torch::tensor(prompt_ids, torch::kLong).unsqueeze(0);  // (1, T)
+  auto out = generate(*run.model, prompt, o).to(torch::kCPU).contiguous();  // (1, T + N)
+  std::printf("%s\n", run.tokenizer->decode(std::vector<int64_t>(out.data_ptr<int64_t>(),
+                                                                 out.data_ptr<int64_t>() + out.numel())).c_str());
   if (a.heatmap || !a.attention_json.empty()) {
     const int64_t C = run.model->context_length(), T = out.size(1);
     auto window = out.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));
@@ -778,14 +886,14 @@ int main(int argc, char** argv) {
   integer(eval_cmd->add_option("--seed", eval_args.seed, "seed of the evaluation batches"))->capture_default_str();
   eval_cmd->add_option("--device", eval_args.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   integer(eval_cmd->add_option("--threads", eval_args.threads, "intra-op CPU threads; 0 = default"))->capture_default_str();
-  eval_cmd->add_option("--data", eval_args.data, "text task: the data file, if it moved");
+  eval_cmd->add_option("--data", eval_args.data, "text or tokens task: the data file or corpus, if it moved");
   eval_cmd->add_flag("--json", eval_args.json, "one JSON line instead of text");
 
   SampleArgs s;
   auto* sample_cmd = app.add_subcommand("sample", "generate tokens from a checkpoint");
   sample_cmd->add_option("checkpoint", s.checkpoint, "checkpoint file or run directory")->required();
   sample_cmd->add_option("--prompt", s.prompt,
-                         "token ids (\"3 3 3\") for synthetic tasks, text for the text task")->required();
+                         "token ids (\"3 3 3\") for synthetic tasks, text for text and tokens")->required();
   integer(sample_cmd->add_option("--max-new-tokens", s.max_new_tokens, "tokens to generate"))->capture_default_str();
   sample_cmd->add_option("--temperature", s.temperature, "> 0; lower is more deterministic")->capture_default_str();
   integer(sample_cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off"))->capture_default_str();
@@ -799,7 +907,7 @@ int main(int argc, char** argv) {
                          "write that head's weights as JSON (for scripts/plot.py)");
   sample_cmd->add_option("--device", s.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   integer(sample_cmd->add_option("--threads", s.threads, "intra-op CPU threads; 0 = default"))->capture_default_str();
-  sample_cmd->add_option("--data", s.data, "text task: the data file, if it moved");
+  sample_cmd->add_option("--data", s.data, "tokens task, checkpoint without a tokenizer: the prepared corpus");
 
   InspectArgs inspect_args;
   auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds: header, model, parameters");
@@ -807,6 +915,26 @@ int main(int argc, char** argv) {
   inspect_cmd->add_flag("--verify", inspect_args.verify,
                         "also rebuild the model, load the weights and run it once");
   inspect_cmd->add_flag("--json", inspect_args.json, "one JSON object instead of text");
+
+  PrepareArgs prepare_args;
+  auto* prepare_cmd = app.add_subcommand("prepare", "text -> tokenizer + token files (train with --task tokens)");
+  prepare_cmd->add_option("--data", prepare_args.data,
+                          "UTF-8 text: files, directories (their text files) or - (standard input); repeatable")
+      ->required();
+  prepare_cmd->add_option("--tokenizer", prepare_args.tokenizer,
+                          "bpe or unigram (SentencePiece, trained here) or byte")
+      ->capture_default_str();
+  prepare_cmd->add_option("--tokenizer-model", prepare_args.tokenizer_model,
+                          "reuse this SentencePiece .model instead of training one");
+  integer(prepare_cmd->add_option("--vocab-size", prepare_args.vocab_size,
+                                  "pieces of a trained tokenizer (256 byte pieces included)"))
+      ->capture_default_str();
+  prepare_cmd->add_option("--val-fraction", prepare_args.val_fraction,
+                          "share of the text held out, in blocks spread over the corpus")
+      ->capture_default_str();
+  integer(prepare_cmd->add_option("--threads", prepare_args.threads, "tokenizer training threads; 0 = all CPUs"))
+      ->capture_default_str();
+  prepare_cmd->add_option("--out", prepare_args.out, "the directory to write (new, or empty)")->required();
 
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model for PyTorch (nanoGPT's GPT)");
@@ -821,6 +949,8 @@ int main(int argc, char** argv) {
   auto* import_cmd = app.add_subcommand("import", "make a tinylm checkpoint from a nanoGPT (PyTorch) one");
   import_cmd->add_option("file", import_args.file, "nanoGPT's ckpt.pt, or a bare state dict (.pt)")->required();
   import_cmd->add_option("--out", import_args.out, "the checkpoint to write (must not exist)")->required();
+  import_cmd->add_option("--tokenizer", import_args.tokenizer,
+                         "a SentencePiece .model to store with it (sample then takes text prompts)");
   integer(import_cmd->add_option("--n-heads", import_args.n_heads,
                                  "attention heads, for a state dict without model_args (0 = model_args')"))
       ->capture_default_str();
@@ -863,6 +993,7 @@ int main(int argc, char** argv) {
     if (*inspect_cmd) return run_inspect(inspect_args);
     if (*export_cmd) return run_export(export_args);
     if (*import_cmd) return run_import(import_args);
+    if (*prepare_cmd) return run_prepare(prepare_args);
   } catch (const c10::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what_without_backtrace());

@@ -86,7 +86,7 @@ void check_one_of(const char* key, const std::string& value, std::initializer_li
 const std::vector<ConfigField>& config_fields() {
   static const std::vector<ConfigField> fields = {
       {"model", "model", "tiny (the reference TinyAttentionLM) or transformer", &R::model},
-      {"vocab-size", "model", "vocabulary size (text task: 256, byte-level)", &R::vocab_size},
+      {"vocab-size", "model", "vocabulary size (text task: 256, byte-level; tokens task: the corpus's)", &R::vocab_size},
       {"d-model", "model", "embedding width", &R::d_model},
       {"n-heads", "model", "attention heads", &R::n_heads},
       {"n-layers", "model", "transformer blocks (transformer)", &R::n_layers},
@@ -100,9 +100,9 @@ const std::vector<ConfigField>& config_fields() {
       {"bias", "model", "biases in Linear layers (transformer)", &R::bias},
       {"mlp-expansion", "model", "MLP hidden width / d-model (transformer)", &R::mlp_expansion},
       {"fused-attention", "model", "fused CPU kernels where they apply: attention, and the tiny model's whole loss (same results)", &R::fused_attention},
-      {"task", "task", "repeat, copy, reverse, sort or text", &R::task},
+      {"task", "task", "repeat, copy, reverse, sort, text (a file's bytes, in memory) or tokens (a prepared corpus, memory-mapped)", &R::task},
       {"seq-len", "task", "tokens per training sequence", &R::seq_len},
-      {"data", "task", "text task: path of the training text file", &R::data},
+      {"data", "task", "text task: the training text file; tokens task: the directory tinylm prepare made", &R::data},
       {"val-fraction", "task", "text task: fraction of the file held out for validation", &R::val_fraction},
       {"optimizer", "optim", "adam or adamw (adamw: no decay on biases, norms, embeddings)", &R::optimizer},
       {"lr", "optim", "peak learning rate", &R::lr},
@@ -228,7 +228,7 @@ std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& p
 
 void validate(const RunConfig& c) {
   check_one_of("model", c.model, {"tiny", "transformer"});
-  check_one_of("task", c.task, {"repeat", "copy", "reverse", "sort", "text"});
+  check_one_of("task", c.task, {"repeat", "copy", "reverse", "sort", "text", "tokens"});
   check_one_of("positions", c.positions, {"learned", "sinusoidal", "none"});
   check_one_of("activation", c.activation, {"gelu-tanh", "gelu"});
   check_one_of("optimizer", c.optimizer, {"adam", "adamw"});
@@ -259,6 +259,10 @@ void validate(const RunConfig& c) {
                 c.vocab_size);
     TORCH_CHECK(c.val_fraction > 0 && c.val_fraction < 1, "val-fraction must be in (0, 1), got ",
                 c.val_fraction);
+  }
+  if (c.task == "tokens") {
+    TORCH_CHECK(!c.data.empty(), "task tokens needs a prepared corpus: set data = \"DIR\" (made by "
+                "tinylm prepare --data TEXT --out DIR)");
   }
   TORCH_CHECK(std::isfinite(c.lr) && c.lr > 0, "lr must be > 0, got ", c.lr);
   TORCH_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,

@@ -1,4 +1,5 @@
 // The RunConfig layer: model, task, trainer options and Trainer from a run config.
+#include <tinylm/data/token_file.h>
 #include <tinylm/log.h>
 #include <tinylm/run.h>
 #include <tinylm/train/resources.h>
@@ -47,7 +48,8 @@ std::unique_ptr<data::Task> make_task(const RunConfig& c) {
   if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
     return std::make_unique<data::SequenceTransformTask>(c.task, c.seq_len, c.vocab_size);
   if (c.task == "text") return std::make_unique<data::TextTask>(c.data, c.seq_len, c.val_fraction);
-  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort or text");
+  if (c.task == "tokens") return std::make_unique<data::TokenFileTask>(c.data, c.seq_len);
+  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort, text or tokens");
 }
 
 train::TrainerOptions trainer_options(const RunConfig& c) {
@@ -96,7 +98,8 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   train::check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
   std::shared_ptr<data::Task> task = make_task(c);
   TORCH_CHECK(task->vocab_size() == c.vocab_size, "task ", task->name(), " has vocab ",
-              task->vocab_size(), " but vocab-size is ", c.vocab_size);
+              task->vocab_size(), " but vocab-size is ", c.vocab_size, ": set vocab-size = ",
+              task->vocab_size());
   return train::Trainer(build_model(c), std::move(task), std::move(options));
 }
 

@@ -30,9 +30,9 @@ struct RunConfig {
   int64_t mlp_expansion = 4;         // transformer only
   bool fused_attention = true;       // fused CPU attention kernel where it applies
   // ---- task
-  std::string task = "repeat";       // repeat | copy | reverse | sort | text
+  std::string task = "repeat";       // repeat | copy | reverse | sort | text | tokens
   int64_t seq_len = 12;
-  std::string data;                  // text task: the training file
+  std::string data;                  // text: the training file; tokens: a prepared corpus (directory)
   double val_fraction = 0.1;         // text task: the tail of the file held out
   // ---- optimisation
   std::string optimizer = "adam";    // adam | adamw (no decay on biases, norms, embeddings)

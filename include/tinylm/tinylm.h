@@ -2,7 +2,10 @@
 #pragma once
 
 #include <tinylm/config.h>
+#include <tinylm/data/prepare.h>
 #include <tinylm/data/tasks.h>
+#include <tinylm/data/token_file.h>
+#include <tinylm/data/tokenizer.h>
 #include <tinylm/generate.h>
 #include <tinylm/interop.h>
 #include <tinylm/nn/attention.h>

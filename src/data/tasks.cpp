@@ -5,7 +5,6 @@
 
 #include <torch/torch.h>
 
-#include <sstream>
 
 namespace tinylm::data {
 
@@ -88,40 +87,20 @@ Batch sequence_transform_batch(const std::string& kind, int64_t batch_size, int6
 
 // ---- prompts ---------------------------------------------------------------------
 
+std::shared_ptr<const Tokenizer> Task::tokenizer() const { return ids_tokenizer(vocab_size()); }
+
 torch::Tensor Task::encode(const std::string& prompt) const {
-  std::string s = prompt;
-  for (char& c : s) {
-    if (c == ',') c = ' ';
-  }
-  std::istringstream in(s);
-  std::vector<int64_t> ids;
-  std::string word;
-  while (in >> word) {
-    size_t used = 0;
-    int64_t id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK(used == word.size(), "prompt: '", word, "' is not a token id; task ", name(),
-                " takes integers in [0, ", vocab_size(), ") separated by spaces or commas");
-    TORCH_CHECK(id >= 0 && id < vocab_size(), "prompt: token id ", id, " is out of range [0, ",
-                vocab_size(), ") for task ", name());
-    ids.push_back(id);
-  }
-  TORCH_CHECK(!ids.empty(), "prompt is empty: give at least one token id, e.g. the prompt \"3 3 3\"");
+  const auto ids = tokenizer()->encode(prompt);
+  TORCH_CHECK(!ids.empty(), "prompt is empty: give ",
+              tokenizer()->kind() == "ids" ? "at least one token id, e.g. the prompt \"3 3 3\""
+                                           : "some text, e.g. the prompt \"Once upon\"");
   return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)
 }
 
 std::string Task::decode(const torch::Tensor& ids) const {
-  auto flat = ids.to(torch::kCPU).reshape({-1});
-  std::string out;
-  for (int64_t i = 0; i < flat.numel(); ++i) {
-    if (i) out += ' ';
-    out += std::to_string(flat[i].item<int64_t>());
-  }
-  return out;
+  auto flat = ids.to(torch::kCPU, torch::kLong).contiguous().reshape({-1});
+  const auto* p = flat.data_ptr<int64_t>();
+  return tokenizer()->decode(std::vector<int64_t>(p, p + flat.numel()));
 }
 
 // ---- text ------------------------------------------------------------------------
@@ -153,20 +132,5 @@ Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen) {
   auto rows = data.take(index).to(torch::kLong);                                  // (B, T + 1)
   return shift(rows, 0);
 }
-
-torch::Tensor TextTask::encode(const std::string& prompt) const {
-  TORCH_CHECK(!prompt.empty(), "prompt is empty: give some text, e.g. the prompt \"Once upon\"");
-  std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  for (auto& id : ids) id &= 0xFF;  // bytes, not signed chars
-  return torch::tensor(ids, torch::kLong).unsqueeze(0);  // (1, T)
-}
-
-std::string TextTask::decode(const torch::Tensor& ids) const {
-  auto flat = ids.to(torch::kCPU).reshape({-1});
-  std::string out;
-  for (int64_t i = 0; i < flat.numel(); ++i) out += static_cast<char>(flat[i].item<int64_t>());
-  return out;
-}
-
 
 }  // namespace tinylm::data

@@ -101,6 +101,52 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   return bytes;
 }
 
+namespace {
+
+/// Bytes in the valid UTF-8 sequence starting at s[i] (1 for ASCII), or 0 when the bytes
+/// there are not one (a stray continuation byte, an overlong or surrogate form, a cut).
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  const size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  const auto c1 = static_cast<unsigned char>(s[i + 1]);
+  if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) || (c == 0xF0 && c1 < 0x90) ||
+      (c == 0xF4 && c1 >= 0x90))
+    return 0;  // overlong, a UTF-16 surrogate, or past U+10FFFF
+  return len;
+}
+
+}  // namespace
+
+size_t utf8_valid_prefix(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) break;
+    i += len;
+  }
+  return i;
+}
+
+std::string to_valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    } else {
+      out.append(s.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
+}
+
 std::string printable(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -122,11 +168,8 @@ std::string printable(std::string_view s) {
       ++i;
       continue;
     }
-    // A UTF-8 sequence: the lead byte says how many continuation bytes follow.
-    const size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (!ok) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
       hex(c);
       ++i;
       continue;
@@ -221,40 +264,62 @@ uint32_t crc32(const void* data, size_t size) {
   return crc ^ 0xFFFFFFFFu;
 }
 
-/// Writes bytes to path.tmp, fsyncs, renames over path, fsyncs the directory.
-void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {
-  const std::filesystem::path target(path);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot write ", what, " '", tmp, "': ", std::strerror(errno));
+AtomicFile::AtomicFile(std::string path, std::string what)
+    : path_(std::move(path)), what_(std::move(what)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd_ >= 0, "cannot write ", what_, " '", printable(tmp_), "': ", std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t size) {
+  TORCH_CHECK(fd_ >= 0, "AtomicFile: '", printable(path_), "' is already committed");
+  const auto* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  while (done < size) {
+    const ssize_t n = ::pwrite(fd_, p + done, size - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      TORCH_CHECK(false, "cannot write ", what, " '", tmp, "': ", why, " (is the disk full?)");
-    }
+    TORCH_CHECK(n > 0, "cannot write ", what_, " '", printable(tmp_), "': ", std::strerror(errno),
+                " (is the disk full?)");
     done += static_cast<size_t>(n);
   }
+  size_ = std::max<uint64_t>(size_, offset + size);
+}
+
+void AtomicFile::write(const void* data, size_t size) { write_at(size_, data, size); }
+
+void AtomicFile::commit() {
+  TORCH_CHECK(fd_ >= 0, "AtomicFile: '", printable(path_), "' is already committed");
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot flush ", what, " '", tmp, "': ", why);
+    ::unlink(tmp_.c_str());
+    TORCH_CHECK(false, "cannot flush ", what_, " '", printable(tmp_), "': ", why);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, "cannot rename '", tmp, "' to '", path, "': ", why);
+    ::unlink(tmp_.c_str());
+    TORCH_CHECK(false, "cannot rename '", printable(tmp_), "' to '", printable(path_), "': ", why);
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  const std::filesystem::path target(path_);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // make the rename itself durable
     ::close(dfd);
   }
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {
+  AtomicFile file(path, what);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
 }
 
 }  // namespace tinylm::internal

@@ -310,6 +310,7 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
   TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
   ck.parameter_names = split_lines(field("parameter_names"));
   ck.optimizer_kind = field("optimizer_kind");
+  if (meta.count("tokenizer")) ck.tokenizer_kind = field("tokenizer");
   for (const auto& [key, value] : meta)
     if (!used.count(key))
       logger()->warn("checkpoint '{}': metadata '{}' is unknown to this tinylm: ignored", path,
@@ -318,6 +319,8 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     if (name.rfind("model.", 0) == 0) ck.model[name.substr(6)] = t;
     else if (name.rfind("optimizer.", 0) == 0) ck.optimizer[name.substr(10)] = t;
     else if (name == "rng.data") ck.state.data_rng_state = t;
+    else if (name == "tokenizer.model" && t.scalar_type() == torch::kUInt8 && t.dim() == 1)
+      ck.tokenizer_model.assign(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
     else if (name == "rng.dropout" || (ck.format_version == 2 && name == "rng.torch"))
       ck.state.dropout_rng_state = t;
     else
@@ -340,7 +343,7 @@ void check_weights_listed(const Checkpoint& ck) {
 
 void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
                      const Optimizer* optimizer, const TrainingState& state,
-                     const std::string& recipe) {
+                     const std::string& recipe, const data::Tokenizer* tokenizer) {
   TensorMap tensors;
   for (const auto& p : model.named_parameters()) {
     check_finite(path, p.key(), p.value(), state.step);
@@ -354,6 +357,10 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
   }
   if (state.data_rng_state.defined()) tensors["rng.data"] = state.data_rng_state;
   if (state.dropout_rng_state.defined()) tensors["rng.dropout"] = state.dropout_rng_state;
+  std::string tokenizer_bytes = tokenizer ? tokenizer->model_bytes() : std::string();
+  if (!tokenizer_bytes.empty())
+    tensors["tokenizer.model"] = torch::from_blob(tokenizer_bytes.data(), {static_cast<int64_t>(tokenizer_bytes.size())},
+                                                  torch::kUInt8);
   const auto arch = model.architecture();
   const nlohmann::json architecture = {
       {"kind", arch.kind}, {"version", arch.version}, {"options", arch.options}};
@@ -361,7 +368,7 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
                                    {"best_val_loss", state.best_val_loss},
                                    {"epoch_loss_sum", state.epoch_loss_sum},
                                    {"world_size", state.world_size}};
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"format", "tinylm-checkpoint"},
       {"tinylm_version", TINYLM_VERSION_STRING},
       {"model", architecture.dump()},
@@ -369,6 +376,7 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
       {"state", training.dump()},
       {"parameter_names", join_lines(parameter_names(model))},
       {"optimizer_kind", optimizer ? optimizer->kind() : ""}};
+  if (tokenizer) metadata["tokenizer"] = tokenizer->kind();
   const std::string payload = encode_payload(metadata, tensors);
 
   std::string bytes(kHeaderSize, '\0');
@@ -378,6 +386,11 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
   put<uint32_t>(bytes, 24, internal::crc32(payload.data(), payload.size()));
   bytes += payload;
   internal::write_file_atomically(path, bytes, "checkpoint");
+}
+
+std::shared_ptr<const data::Tokenizer> checkpoint_tokenizer(const Checkpoint& ck) {
+  if (ck.tokenizer_kind.empty()) return nullptr;
+  return data::make_tokenizer(ck.tokenizer_kind, ck.tokenizer_model, "checkpoint '" + ck.path + "'");
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

@@ -324,7 +324,7 @@ void Trainer::sync_rng_state() {
 
 void Trainer::save(const std::string& path) {
   sync_rng_state();
-  if (lead()) save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
+  if (lead()) save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe(), task_->tokenizer().get());
 }
 
 std::string Trainer::checkpoint_path(int64_t step) const {
@@ -337,7 +337,7 @@ void Trainer::write_step_checkpoint(FitResult& result) {
   sync_rng_state();  // on every rank: a collective in a data-parallel job
   result.last_checkpoint = path;
   if (!writes_files()) return;
-  save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe());
+  save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe(), task_->tokenizer().get());
   std::vector<fs::path> steps;
   for (const auto& e : fs::directory_iterator(options_.out_dir())) {
     const auto name = e.path().filename().string();
@@ -522,7 +522,8 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
           state_.best_val_loss = m.loss;
           if (!options_.out_dir().empty()) sync_rng_state();  // on every rank
           if (writes_files()) {
-            save_checkpoint(best_path.string(), *model_, optimizer_.get(), state_, options_.recipe());
+            save_checkpoint(best_path.string(), *model_, optimizer_.get(), state_, options_.recipe(),
+                            task_->tokenizer().get());
             r.best_checkpoint = best_path.string();
           }
         }

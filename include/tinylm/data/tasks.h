@@ -2,6 +2,8 @@
 // B = batch, T = sequence length, V = vocab size, h = prefix length
 #pragma once
 
+#include <tinylm/data/tokenizer.h>
+
 #include <ATen/core/Generator.h>
 #include <torch/types.h>
 
@@ -38,10 +40,16 @@ class Task {
   /// Synthetic tasks draw fresh rows for either split; text draws windows from the
   /// chosen split of the file.
   virtual Batch sample(int64_t batch_size, Split split, at::Generator& gen) = 0;
-  /// A prompt as the user types it -> ids (1, T). Synthetic tasks: integers separated by
-  /// spaces or commas; text: the prompt's bytes. Throws on an empty or invalid prompt.
+  /// What maps text to ids and back: by default integers separated by spaces or commas
+  /// (ids_tokenizer); bytes for text; the corpus's own for prepared token files.
+  virtual std::shared_ptr<const Tokenizer> tokenizer() const;
+  /// UTF-8 bytes of text per token in `split`, for bits per byte; 0 when the task is not
+  /// text (synthetic tasks).
+  virtual double bytes_per_token(Split) const { return 0; }
+  /// A prompt as the user types it -> ids (1, T) through tokenizer(). Throws on an empty
+  /// or invalid prompt.
   virtual torch::Tensor encode(const std::string& prompt) const;
-  /// ids -> what the user reads: space-separated integers, or text.
+  /// ids -> what the user reads, through tokenizer().
   virtual std::string decode(const torch::Tensor& ids) const;
 };
 
@@ -84,8 +92,9 @@ class SequenceTransformTask : public Task {
   int64_t T_, V_;
 };
 
-/// Byte-level language modelling on a file: V = 256; the last `val_fraction` of the
-/// bytes is the validation split; batches are random windows of T + 1 bytes.
+/// Byte-level language modelling on a file read whole into memory: V = 256; the last
+/// `val_fraction` of the bytes is the validation split; batches are random windows of
+/// T + 1 bytes. For corpora larger than memory, prepare token files (TokenFileTask).
 class TextTask : public Task {
  public:
   TextTask(const std::string& path, int64_t seq_len, double val_fraction);
@@ -94,8 +103,8 @@ class TextTask : public Task {
   int64_t seq_len() const override { return seq_len_; }
   bool synthetic() const override { return false; }
   Batch sample(int64_t batch_size, Split split, at::Generator& gen) override;
-  torch::Tensor encode(const std::string& prompt) const override;
-  std::string decode(const torch::Tensor& ids) const override;
+  std::shared_ptr<const Tokenizer> tokenizer() const override { return byte_tokenizer(); }
+  double bytes_per_token(Split) const override { return 1.0; }
   int64_t train_bytes() const { return train_.numel(); }
   int64_t validation_bytes() const { return val_.numel(); }
 

@@ -19,7 +19,10 @@
 //     recipe          the application's text (the tinylm tool: its run config, TOML)
 //     parameter_names one per line, in the model's order
 //     optimizer_kind  Optimizer::kind(), or empty
-//   Tensors: model.<parameter>, optimizer.<key>, rng.data, rng.dropout.
+//     tokenizer       the data's tokenizer kind (ids, byte, sentencepiece); absent in
+//                     files written before it was added
+//   Tensors: model.<parameter>, optimizer.<key>, rng.data, rng.dropout, tokenizer.model
+//   (uint8: Tokenizer::model_bytes(), the SentencePiece model).
 //   Reading parses JSON and copies bytes: no code is compiled or run, and every size and
 //   offset is checked against the file before anything is allocated. Metadata keys,
 //   state fields and tensor entries it does not know are skipped with a warning, so a
@@ -35,6 +38,7 @@
 // A checkpoint is only written when every weight and optimizer value is finite.
 #pragma once
 
+#include <tinylm/data/tokenizer.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 
@@ -72,15 +76,22 @@ struct Checkpoint {
   TensorMap model;                    // parameter name -> weights (CPU)
   std::string optimizer_kind;         // Optimizer::kind(); empty when none was saved
   TensorMap optimizer;                // the optimizer's own state (formats 2 and 3)
+  std::string tokenizer_kind;         // empty when the writer saved none
+  std::string tokenizer_model;        // Tokenizer::model_bytes()
   /// Format 1 only: the LibTorch archive its optimizer state is read from.
   std::shared_ptr<torch::serialize::InputArchive> legacy_archive;
 };
 
 /// Writes atomically (temporary file, fsync, rename, fsync of the directory). Refuses,
 /// writing nothing, when a weight or an optimizer value is NaN or infinite.
+/// `tokenizer` (optional) is stored so that sampling needs nothing but the checkpoint.
 void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
                      const Optimizer* optimizer, const TrainingState& state,
-                     const std::string& recipe = "");
+                     const std::string& recipe = "", const data::Tokenizer* tokenizer = nullptr);
+
+/// The tokenizer a checkpoint carries; nullptr when it has none (written by an older
+/// tinylm, or without one).
+std::shared_ptr<const data::Tokenizer> checkpoint_tokenizer(const Checkpoint& checkpoint);
 
 /// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt, damaged or
 /// newer-format file, or anything that is not a regular file, is refused with an error
