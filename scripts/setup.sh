@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Installs what tinylm needs from Debian 12's archive, if it is missing. Idempotent.
 # Run as root (or with sudo available). Nothing is downloaded from anywhere else.
+#   scripts/setup.sh             what the build and the tests need
+#   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
+#                                configs/fortunes.toml (scripts/fortunes.sh)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libtorch-dev libopenblas0-pthread libcli11-dev
           libspdlog-dev catch2 libtomlplusplus-dev nlohmann-json3-dev libgloo-dev
-          python3-matplotlib)
+          libsentencepiece-dev python3-matplotlib)
+for arg in "$@"; do
+  case "$arg" in
+    --fortunes) packages+=(fortunes) ;;
+    *) echo "setup: unknown option '$arg' (known: --fortunes)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
