@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -387,6 +388,218 @@ void bench_dp(bool quick) {
   std::filesystem::remove_all(c.out_dir);
 }
 
+// ---- data: prepare throughput, memory-mapped token files ------------------------------
+
+/// Made-up text, deterministic: lines of words drawn from a 5000-word lexicon of
+/// syllables with a Zipf-like (log-uniform) frequency, so BPE has real merges to learn.
+void write_corpus(const std::string& path, uint64_t bytes) {
+  static const char* syllables[] = {"ta", "ke", "ri", "mo", "su", "na", "lo", "pe", "vi", "da", "the", "an",
+                                    "or", "in", "er", "st", "ing", "ou", "ea", "ch", "sh", "ly", "ro", "ma",
+                                    "ne", "co", "de", "bu", "fi", "ga", "ha", "je", "wo", "ze", "qu", "al"};
+  uint64_t x = 88172645463325252ull;
+  auto next = [&x] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x;
+  };
+  std::vector<std::string> lexicon(5000);
+  for (auto& word : lexicon) {
+    const int n = 1 + static_cast<int>(next() % 4);
+    for (int k = 0; k < n; ++k) word += syllables[next() % 36];
+  }
+  std::ofstream f(path, std::ios::binary);
+  uint64_t written = 0;
+  std::string line;
+  while (written < bytes) {
+    line.clear();
+    const int n = 4 + static_cast<int>(next() % 11);
+    for (int k = 0; k < n; ++k) {
+      const double u = static_cast<double>(next() % 1000000) / 1e6;
+      const auto index = static_cast<size_t>(std::pow(5000.0, u)) - 1;
+      line += (k ? " " : "") + lexicon[std::min<size_t>(index, 4999)];
+    }
+    line += next() % 5 == 0 ? ".\n" : ",\n";
+    f << line;
+    written += line.size();
+  }
+}
+
+/// A prepared corpus of random ids (no tokenizer): train.bin of `tokens`, val.bin small.
+void write_token_dir(const std::string& dir, uint64_t tokens, int64_t vocab) {
+  std::filesystem::create_directories(dir);
+  const auto header = data::header_for(nullptr, vocab);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  std::vector<int64_t> chunk(1 << 20);
+  for (const auto& [name, n] : {std::pair<std::string, uint64_t>{"train.bin", tokens}, {"val.bin", 1u << 20}}) {
+    data::TokenFileWriter w(dir + "/" + name, header);
+    for (uint64_t done = 0; done < n; done += chunk.size()) {
+      chunk.resize(std::min<uint64_t>(chunk.size(), n - done));
+      for (auto& id : chunk) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        id = static_cast<int64_t>(x % static_cast<uint64_t>(vocab));
+      }
+      w.append(chunk, 0);
+    }
+    w.finish();
+    chunk.resize(1 << 20);
+  }
+}
+
+RunConfig data_config() {
+  RunConfig c;
+  c.threads = g_threads;
+  c.model = "transformer";
+  c.task = "tokens";
+  c.vocab_size = 4096;
+  c.d_model = 64;
+  c.n_heads = 4;
+  c.n_layers = 2;
+  c.seq_len = 128;
+  c.batch_size = 16;
+  c.optimizer = "adamw";
+  c.out_dir = scratch_dir() + "-run";
+  return c;
+}
+
+int64_t data_steps(bool quick) { return quick ? 4 : 300; }
+
+/// `tinylm bench --cases data_worker` (started by the data case): trains on the prepared
+/// corpus $TINYLM_BENCH_DATA ($TINYLM_BENCH_IN_MEMORY=1: copied into memory) and prints
+/// its step time and peak resident memory.
+void bench_data_worker(bool quick) {
+  const char* dir = std::getenv("TINYLM_BENCH_DATA");
+  TORCH_CHECK(dir, "the data_worker case is started by the data case");
+  const char* in_memory = std::getenv("TINYLM_BENCH_IN_MEMORY");
+  RunConfig c = data_config();
+  c.data = dir;
+  auto task = std::make_shared<data::TokenFileTask>(
+      dir, c.seq_len, data::TokenFileTaskOptions{in_memory && std::string(in_memory) == "1"});
+  c.vocab_size = task->vocab_size();
+  train::Trainer t(build_model(c), task, trainer_options(c));
+  for (int i = 0; i < 3; ++i) t.train_step();
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < data_steps(quick); ++i) t.train_step();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // VmHWM, not getrusage: ru_maxrss carries the parent's peak across fork and exec.
+  std::ifstream status("/proc/self/status");
+  double hwm_mib = 0;
+  for (std::string key; status >> key;) {
+    if (key == "VmHWM:") {
+      status >> hwm_mib;
+      hwm_mib /= 1024;
+      break;
+    }
+  }
+  print_line({{"step_seconds", seconds / data_steps(quick)}, {"peak_rss_mib", hwm_mib}});
+}
+
+Json run_data_worker(const std::string& dir, bool in_memory, bool quick) {
+  int out[2];
+  TORCH_CHECK(::pipe(out) == 0, "bench data: cannot open a pipe");
+  const pid_t pid = ::fork();
+  TORCH_CHECK(pid >= 0, "bench data: cannot start a worker");
+  if (pid == 0) {
+    ::close(out[0]);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::close(out[1]);
+    ::setenv("TINYLM_BENCH_DATA", dir.c_str(), 1);
+    ::setenv("TINYLM_BENCH_IN_MEMORY", in_memory ? "1" : "0", 1);
+    std::vector<std::string> args = {"tinylm", "bench", "--cases", "data_worker", "--threads",
+                                     std::to_string(g_threads)};
+    if (quick) args.push_back("--quick");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  TORCH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !text.empty(), "bench data: the worker on '",
+              dir, "' failed");
+  return Json::parse(text.substr(0, text.find('\n')));
+}
+
+/// prepare's throughput (bytes and BPE) on generated text; then training on a large and
+/// a small generated token file (peak resident memory, each in its own process) and on
+/// the large one mapped vs copied into memory (tokens/s, alternated over rounds).
+void bench_data(bool quick) {
+  const std::string dir = scratch_dir() + "-data";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const uint64_t text_bytes = quick ? (1u << 20) : (32u << 20);
+  write_corpus(dir + "/corpus.txt", text_bytes);
+  const Json text_config = {{"text_mib", text_bytes >> 20}, {"text", "made-up words, 5000-word Zipf-like lexicon"}};
+  for (const std::string tokenizer : {"byte", "bpe"}) {
+    std::string why;
+    if (tokenizer == "bpe" && !data::sentencepiece_available(&why)) {
+      print_line({{"case", "prepare_bpe"}, {"skipped", why}});
+      continue;
+    }
+    data::PrepareOptions o;
+    o.inputs = {dir + "/corpus.txt"};
+    o.tokenizer = tokenizer;
+    o.vocab_size = 4096;
+    o.out_dir = dir + "/prepared-" + tokenizer;
+    const auto s = data::prepare(o);
+    Json cfg = text_config;
+    cfg["tokenizer"] = s.tokenizer;
+    emit_value("prepare_" + tokenizer, "encode_mb_per_s", "MB/s", text_bytes / 1e6 / s.encode_seconds, cfg);
+    if (tokenizer == "bpe") {
+      emit_value("prepare_bpe", "tokenizer_training_s", "s", s.tokenizer_seconds, cfg);
+      emit_value("prepare_bpe", "total_mb_per_s", "MB/s", text_bytes / 1e6 / (s.tokenizer_seconds + s.encode_seconds), cfg);
+    }
+  }
+  std::filesystem::remove_all(dir + "/prepared-byte");
+  std::filesystem::remove_all(dir + "/prepared-bpe");
+  std::filesystem::remove(dir + "/corpus.txt");
+
+  const uint64_t big = quick ? (16u << 20) : (512u << 20), small = quick ? (1u << 20) : (5u << 20);  // tokens
+  const std::string big_dir = dir + "/big", small_dir = dir + "/small";
+  const auto written = Clock::now();
+  write_token_dir(big_dir, big, 4096);
+  write_token_dir(small_dir, small, 4096);
+  const double write_s = std::chrono::duration<double>(Clock::now() - written).count();
+  const RunConfig c = data_config();
+  Json cfg = describe(c);
+  cfg["steps"] = data_steps(quick);
+  cfg["big_file_mib"] = (big * 2) >> 20;
+  cfg["small_file_mib"] = (small * 2) >> 20;
+  emit_value("data_generate", "write_mb_per_s", "MB/s", (big + small) * 2 / 1e6 / write_s, cfg);
+  const int rounds = quick ? 1 : 3;
+  std::vector<double> mapped_rate, memory_rate, rate_ratio, big_rss, small_rss, memory_rss;
+  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  for (int r = 0; r < rounds; ++r) {
+    const Json mapped = run_data_worker(big_dir, false, quick);
+    const Json memory = run_data_worker(big_dir, true, quick);
+    const Json small_run = run_data_worker(small_dir, false, quick);
+    mapped_rate.push_back(tokens / mapped["step_seconds"].get<double>());
+    memory_rate.push_back(tokens / memory["step_seconds"].get<double>());
+    rate_ratio.push_back(mapped_rate.back() / memory_rate.back());
+    big_rss.push_back(mapped["peak_rss_mib"].get<double>());
+    memory_rss.push_back(memory["peak_rss_mib"].get<double>());
+    small_rss.push_back(small_run["peak_rss_mib"].get<double>());
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(c.out_dir);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  cfg["rounds"] = rounds;
+  emit_value("data_mmap_big", "train_tokens_per_s", "tokens/s", median(mapped_rate), cfg);
+  emit_value("data_in_memory_big", "train_tokens_per_s", "tokens/s", median(memory_rate), cfg);
+  emit_value("data_mmap_vs_in_memory", "tokens_per_s_ratio", "x", median(rate_ratio), cfg);
+  emit_value("data_mmap_big", "peak_rss_mib", "MiB", median(big_rss), cfg);
+  emit_value("data_mmap_small", "peak_rss_mib", "MiB", median(small_rss), cfg);
+  emit_value("data_in_memory_big", "peak_rss_mib", "MiB", median(memory_rss), cfg);
+  emit_value("data_mmap_big_vs_small", "peak_rss_ratio", "x", median(big_rss) / median(small_rss), cfg);
+}
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -401,15 +614,20 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "dp" || item == "dp_worker",
-                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention, dp (comma-separated)");
+                      item == "dp" || item == "dp_worker" || item == "data" || item == "data_worker",
+                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention, dp, data (comma-separated)");
     }
   }
   if (a.cases == "dp_worker") {  // one rank of the dp case's job, started by it
     bench_dp_worker(a.quick);
     return 0;
   }
+  if (a.cases == "data_worker") {  // one training process of the data case, started by it
+    bench_data_worker(a.quick);
+    return 0;
+  }
   TORCH_CHECK(!wants("dp_worker"), "the dp_worker case runs alone (the dp case starts it)");
+  TORCH_CHECK(!wants("data_worker"), "the data_worker case runs alone (the data case starts it)");
   // P2's utilisation needs the peak: measure it whenever P2 runs.
   const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
@@ -417,5 +635,6 @@ int run_bench(const BenchArgs& a) {
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);
   if (wants("dp")) bench_dp(a.quick);
+  if (wants("data")) bench_data(a.quick);
   return 0;
 }

@@ -575,7 +575,18 @@ int run_inspect(const InspectArgs& a) {
   // One dropout stream per rank that trained it.
   const int64_t dropout_streams =
       st.dropout_rng_state.defined() ? (st.dropout_rng_state.dim() == 2 ? st.dropout_rng_state.size(0) : 1) : 0;
-  const char* tokenizer = "none stored: the task's own symbols (byte-level for text)";
+  // Built (and so checked) only for what it says; a SentencePiece model needs its module.
+  std::string tokenizer = "none stored (written before tinylm stored tokenizers): the task's own symbols";
+  nlohmann::ordered_json tokenizer_json = nullptr;
+  if (!ck.tokenizer_kind.empty()) {
+    tokenizer = ck.tokenizer_kind + " (" + std::to_string(ck.tokenizer_model.size()) + " bytes of model)";
+    tokenizer_json = {{"kind", ck.tokenizer_kind}, {"model_bytes", ck.tokenizer_model.size()}};
+    if (a.verify) {
+      const auto t = train::checkpoint_tokenizer(ck);
+      tokenizer = t->describe();
+      tokenizer_json["vocab_size"] = t->vocab_size();
+    }
+  }
   if (a.json) {
     nlohmann::ordered_json j = {
         {"path", ck.path}, {"bytes", bytes}, {"format_version", ck.format_version},
@@ -583,7 +594,7 @@ int run_inspect(const InspectArgs& a) {
         {"step", st.step}, {"world_size", st.world_size},
         {"best_val_loss", st.best_val_loss < 1e299 ? nlohmann::ordered_json(st.best_val_loss) : nullptr},
         {"model", {{"kind", ck.architecture.kind}, {"version", ck.architecture.version}, {"options", options}}},
-        {"tokenizer", nullptr}, {"parameter_count", total}, {"parameters", params},
+        {"tokenizer", tokenizer_json}, {"parameter_count", total}, {"parameters", params},
         {"optimizer", {{"kind", ck.optimizer_kind}, {"tensors", ck.optimizer.size()}}},
         {"generators", {{"data_bytes", generator_bytes(st.data_rng_state)},
                         {"dropout_streams", dropout_streams},
@@ -606,7 +617,7 @@ int run_inspect(const InspectArgs& a) {
   for (const auto& [k, v] : ck.architecture.options) opts += " " + k + "=" + v;
   std::printf("model %s (version %lld):%s\n", ck.architecture.kind.c_str(),
               static_cast<long long>(ck.architecture.version), opts.c_str());
-  std::printf("tokenizer: %s\n", tokenizer);
+  std::printf("tokenizer: %s\n", tokenizer.c_str());
   std::printf("generators: data %lld bytes, dropout %lld stream(s) of %lld bytes\n",
               static_cast<long long>(generator_bytes(st.data_rng_state)),
               static_cast<long long>(dropout_streams),
@@ -957,7 +968,7 @@ int main(int argc, char** argv) {
 
   BenchArgs bench_args;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
-  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, dp")
+  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, dp, data")
       ->capture_default_str();
   bench_cmd->add_flag("--quick", bench_args.quick, "tiny repetition counts: checks the harness, not speed");
   bench_cmd->add_option("--threads", bench_args.threads, "intra-op CPU threads; 0 = default")
