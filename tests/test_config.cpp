@@ -72,7 +72,7 @@ TEST_CASE("validate names the field, the value and the rule", "[config][errors]"
   };
   CHECK_THAT(bad([](RunConfig& c) { c.lr = 0; }), Catch::Contains("lr must be > 0, got 0"));
   CHECK_THAT(bad([](RunConfig& c) { c.task = "addition"; }),
-             Catch::Contains("task must be one of repeat, copy, reverse, sort, text, got 'addition'"));
+             Catch::Contains("task must be one of repeat, copy, reverse, sort, text, tokens, got 'addition'"));
   CHECK_THAT(bad([](RunConfig& c) { c.n_heads = 3; }),
              Catch::Contains("d-model 32 must be divisible by n-heads 3"));
   CHECK_THAT(bad([](RunConfig& c) { c.context_length = 4; }),
