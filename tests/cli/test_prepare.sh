@@ -68,6 +68,7 @@ fi
 [ "$rc" -eq 0 ] || { echo "$out"; fail "prepare bpe"; }
 grep -q "SentencePiece, 600 pieces" <<<"$out" || fail "prepare bpe: no tokenizer line: $out"
 [ -f bpe/tokenizer.model ] || fail "no tokenizer.model"
+"$tinylm" prepare --data texts --vocab-size 700 --out bpe700 > /dev/null 2>&1 && cp bpe700/tokenizer.model bigger.model || fail "prepare bpe700"
 expect_error "vocab too large" "is too large for this corpus: SentencePiece can make at most" \
   "$tinylm" prepare --data "$gpl" --vocab-size 60000 --out o6
 [ -e o6 ] && fail "a failed prepare left o6 behind"
@@ -75,7 +76,7 @@ mkdir -p mixed && cp bpe/train.bin mixed/ && cp bytes/val.bin mixed/ && cp bpe/t
 expect_error "mixed corpora"  "were not prepared together"  "$tinylm" train --task tokens --data mixed --vocab-size 600 --out-dir e5
 
 args=(--model transformer --task tokens --data bpe --vocab-size 600 --seq-len 32 --d-model 32 --n-heads 4
-      --n-layers 2 --dropout 0.1 --optimizer adamw --lr-schedule cosine --warmup-steps 10 --epochs 2
+      --n-layers 2 --activation gelu --dropout 0.1 --optimizer adamw --lr-schedule cosine --warmup-steps 10 --epochs 2
       --steps-per-epoch 600 --save-every 20 --log-every 1 --eval-every 300 --eval-batches 2 --device cpu)
 "$tinylm" train "${args[@]}" --out-dir full > full.log 2>&1 || { tail -3 full.log; fail "bpe run"; }
 "$tinylm" train "${args[@]}" --out-dir killed > killed.log 2>&1 &
@@ -102,6 +103,13 @@ head -c 12 sample.txt | grep -q "^This License" || fail "sample does not start w
 echo "ok   sample without the corpus: $(head -n 2 sample.txt | tr '\n' ' ')"
 expect_error "eval, corpus moved" "pass --data PATH if it moved" "$tinylm" eval full --batches 1
 "$tinylm" eval full --batches 1 --data bpe.moved > /dev/null 2>&1 || fail "eval --data moved corpus"
+# nanoGPT round trip: the export carries no tokenizer; import attaches one
+"$tinylm" export full --out model.pt > export.log 2>&1 || fail "export: $(cat export.log)"
+"$tinylm" import model.pt --out imported.ckpt --tokenizer bpe.moved/tokenizer.model > import.log 2>&1 || fail "import: $(cat import.log)"
+"$tinylm" sample imported.ckpt --prompt "This License" --max-new-tokens 12 --seed 1 > imported.txt 2>&1 || fail "sample imported: $(cat imported.txt)"
+cmp -s sample.txt imported.txt && echo "ok   export, import --tokenizer: the same sample" || fail "imported sample differs: $(cat imported.txt)"
+expect_error "import, wrong tokenizer" "more than the model's vocabulary" \
+  "$tinylm" import model.pt --out imported2.ckpt --tokenizer bigger.model
 expect_error "eval, other corpus" "was trained with another tokenizer than the data" "$tinylm" eval full --batches 1 --data bytes
 
 echo "$failures failure(s)"
