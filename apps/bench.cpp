@@ -5,6 +5,7 @@
 #include <tinylm/run.h>
 #include <tinylm/tinylm.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
@@ -479,6 +480,10 @@ void bench_data_worker(bool quick) {
   const auto start = Clock::now();
   for (int64_t i = 0; i < data_steps(quick); ++i) t.train_step();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // The data path alone: drawing a batch (windows copied out, pages released).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const auto batch = time_per_call([&] { task->sample(c.batch_size, data::Split::train, gen); }, 10, 5,
+                                   quick ? 10 : 200);
   // VmHWM, not getrusage: ru_maxrss carries the parent's peak across fork and exec.
   std::ifstream status("/proc/self/status");
   double hwm_mib = 0;
@@ -489,7 +494,8 @@ void bench_data_worker(bool quick) {
       break;
     }
   }
-  print_line({{"step_seconds", seconds / data_steps(quick)}, {"peak_rss_mib", hwm_mib}});
+  print_line({{"step_seconds", seconds / data_steps(quick)}, {"peak_rss_mib", hwm_mib},
+              {"batch_seconds", batch.median}});
 }
 
 Json run_data_worker(const std::string& dir, bool in_memory, bool quick) {
@@ -571,7 +577,8 @@ void bench_data(bool quick) {
   cfg["small_file_mib"] = (small * 2) >> 20;
   emit_value("data_generate", "write_mb_per_s", "MB/s", (big + small) * 2 / 1e6 / write_s, cfg);
   const int rounds = quick ? 1 : 3;
-  std::vector<double> mapped_rate, memory_rate, rate_ratio, big_rss, small_rss, memory_rss;
+  std::vector<double> mapped_rate, memory_rate, rate_ratio, big_rss, small_rss, memory_rss, mapped_batch,
+      memory_batch;
   const double tokens = static_cast<double>(c.batch_size * c.seq_len);
   for (int r = 0; r < rounds; ++r) {
     const Json mapped = run_data_worker(big_dir, false, quick);
@@ -583,6 +590,8 @@ void bench_data(bool quick) {
     big_rss.push_back(mapped["peak_rss_mib"].get<double>());
     memory_rss.push_back(memory["peak_rss_mib"].get<double>());
     small_rss.push_back(small_run["peak_rss_mib"].get<double>());
+    mapped_batch.push_back(1e6 * mapped["batch_seconds"].get<double>());
+    memory_batch.push_back(1e6 * memory["batch_seconds"].get<double>());
   }
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(c.out_dir);
@@ -594,6 +603,10 @@ void bench_data(bool quick) {
   emit_value("data_mmap_big", "train_tokens_per_s", "tokens/s", median(mapped_rate), cfg);
   emit_value("data_in_memory_big", "train_tokens_per_s", "tokens/s", median(memory_rate), cfg);
   emit_value("data_mmap_vs_in_memory", "tokens_per_s_ratio", "x", median(rate_ratio), cfg);
+  emit_value("data_mmap_big", "batch_us", "us", median(mapped_batch), cfg);
+  emit_value("data_in_memory_big", "batch_us", "us", median(memory_batch), cfg);
+  for (int r = 0; r < rounds; ++r)
+    emit_value("data_mmap_vs_in_memory_round_" + std::to_string(r + 1), "tokens_per_s_ratio", "x", rate_ratio[r], cfg);
   emit_value("data_mmap_big", "peak_rss_mib", "MiB", median(big_rss), cfg);
   emit_value("data_mmap_small", "peak_rss_mib", "MiB", median(small_rss), cfg);
   emit_value("data_in_memory_big", "peak_rss_mib", "MiB", median(memory_rss), cfg);

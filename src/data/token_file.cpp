@@ -19,9 +19,6 @@ namespace tinylm::data {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'I', 'N', 'Y', 'L', 'M', 'T', 'K'};
-/// Mapped pages read since the last release, above which they are released (madvise):
-/// what keeps resident memory flat whatever the corpus size.
-constexpr uint64_t kReleaseBytes = 8ull << 20;
 
 template <typename T>
 void put(unsigned char* p, T v) {
@@ -203,21 +200,21 @@ void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
                 start + i, " is ", id, ", outside its vocabulary [0, ", header_.vocab_size, ")");
     out[i] = static_cast<int64_t>(id);
   }
-  if (map_) {
-    // Count pages (4 KiB, at least one per read) and drop them from this process once
-    // there are enough: the kernel keeps them cached, so reading them again is cheap.
-    touched_bytes_ += std::max<uint64_t>(4096, static_cast<uint64_t>(n) * w);
-    if (touched_bytes_ > kReleaseBytes) {
-      ::madvise(map_, map_bytes_, MADV_DONTNEED);
-      touched_bytes_ = 0;
-    }
-  }
+}
+
+void TokenFile::release_pages() const {
+  // Unmaps the pages this process touched; the kernel keeps them in its page cache, so
+  // reading them again costs a minor fault. (Counting pages is not enough: a fault may
+  // map a whole large folio of the page cache, up to 2 MiB, around the page read.)
+  if (map_) ::madvise(map_, map_bytes_, MADV_DONTNEED);
 }
 
 void TokenFile::verify() const {
   std::vector<int64_t> chunk(1 << 16);
-  for (int64_t at = 0; at < size(); at += static_cast<int64_t>(chunk.size()))
+  for (int64_t at = 0; at < size(); at += static_cast<int64_t>(chunk.size())) {
     read(at, std::min<int64_t>(static_cast<int64_t>(chunk.size()), size() - at), chunk.data());
+    release_pages();
+  }
 }
 
 // ---- the task --------------------------------------------------------------------------
@@ -277,6 +274,7 @@ Batch TokenFileTask::sample(int64_t batch_size, Split split, at::Generator& gen)
   const auto* s = starts.data_ptr<int64_t>();
   auto* r = rows.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch_size; ++b) data.read(s[b], seq_len_ + 1, r + b * (seq_len_ + 1));
+  data.release_pages();  // resident memory stays flat however large the file
   Batch out;
   out.inputs = rows.narrow(1, 0, seq_len_).contiguous();   // (B, T)
   out.targets = rows.narrow(1, 1, seq_len_).contiguous();  // (B, T)

@@ -82,6 +82,9 @@ class TokenFile {
   void read(int64_t start, int64_t n, int64_t* out) const;
   /// Every token, checked to be below the vocabulary size (a full pass over the file).
   void verify() const;
+  /// Drops the mapped pages read so far from this process's resident memory (they stay
+  /// in the kernel's page cache); a no-op in memory.
+  void release_pages() const;
 
  private:
   std::string path_;
@@ -90,7 +93,6 @@ class TokenFile {
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   std::vector<unsigned char> copy_;
-  mutable uint64_t touched_bytes_ = 0;  // read since the map's pages were last released
 };
 
 struct TokenFileTaskOptions {
@@ -102,7 +104,7 @@ struct TokenFileTaskOptions {
 /// random windows of T + 1 tokens drawn from train.bin or val.bin with the generator
 /// alone, like TextTask, so a saved generator state is an exact position in the data.
 /// Resident memory does not grow with the corpus: the files are mapped read-only, and
-/// the pages read are released once more than a few MiB have been touched.
+/// the pages a batch read are released once it is copied out.
 class TokenFileTask : public Task {
  public:
   TokenFileTask(const std::string& dir, int64_t seq_len, TokenFileTaskOptions options = {});
