@@ -94,7 +94,8 @@ class LineReader {
   /// The next line; false at the end of the last source. `newline` says whether a '\n'
   /// ended it (the last line of a file may have none).
   bool next(std::string& line, bool& newline) {
-    line.clear();
+    line.swap(carry_);  // the end of a long line's previous piece, if any
+    carry_.clear();
     for (;;) {
       if (fd_ < 0 && !open_next()) return false;
       const char* begin = buffer_.data() + pos_;
@@ -116,10 +117,8 @@ class LineReader {
       if (line.size() >= (1u << 20)) {
         const size_t cut = internal::utf8_valid_prefix(line);
         if (cut + 4 < line.size()) check(line, false);  // not just a character cut in two: fails
-        const size_t rest = line.size() - cut;
+        carry_ = line.substr(cut);  // a character cut in two: its start goes with the next piece
         line.resize(cut);
-        pos_ -= rest;
-        bytes_read_ -= rest;
         newline = false;
         check(line, false);
         return true;
@@ -184,6 +183,7 @@ class LineReader {
   std::string path_;
   int fd_ = -1;
   std::vector<char> buffer_;
+  std::string carry_;
   size_t pos_ = 0, len_ = 0;
   uint64_t line_number_ = 0, offset_ = 0, bytes_read_ = 0;
 };

@@ -336,3 +336,24 @@ TEST_CASE("SentencePiece BPE trains, round-trips text exactly and travels in che
   CHECK(loaded->model_bytes() == tok->model_bytes());
   CHECK(loaded->encode(sample) == tok->encode(sample));
 }
+
+TEST_CASE("prepare reads a line longer than its 1 MiB pieces without splitting a character") {
+  const auto dir = scratch_dir("prepare_long_line");
+  std::string line;
+  while (line.size() < (3u << 20)) line += "aé☃";  // 1-, 2- and 3-byte characters
+  const std::string text = line + "\n" + corpus(2000);
+  write_text(dir / "long.txt", text);
+  data::PrepareOptions o;
+  o.inputs = {(dir / "long.txt").string()};
+  o.tokenizer = "byte";
+  o.out_dir = (dir / "out").string();
+  const auto s = data::prepare(o);
+  CHECK(s.train_bytes + s.val_bytes == text.size());
+  const auto tok = data::byte_tokenizer();
+  data::TokenFile train((dir / "out" / "train.bin").string()), val((dir / "out" / "val.bin").string());
+  std::string bytes;
+  for (const auto* f : {&train, &val})
+    for (const auto id : all_tokens(*f)) bytes += static_cast<char>(id);
+  CHECK(bytes.size() == text.size());
+  CHECK(internal::utf8_valid_prefix(bytes) == bytes.size());  // no character was cut apart
+}
