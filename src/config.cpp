@@ -261,8 +261,8 @@ void validate(const RunConfig& c) {
                 c.val_fraction);
   }
   if (c.task == "tokens") {
-    TORCH_CHECK(!c.data.empty(), "task tokens needs a prepared corpus: set data = \"DIR\" (made by "
-                "tinylm prepare --data TEXT --out DIR)");
+    TORCH_CHECK(!c.data.empty(), "task tokens needs a prepared corpus: set data = \"DIR\", a directory made by "
+                "tinylm prepare");
   }
   TORCH_CHECK(std::isfinite(c.lr) && c.lr > 0, "lr must be > 0, got ", c.lr);
   TORCH_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,

@@ -44,7 +44,7 @@ bool looks_binary(const std::string& path) {
 }
 
 Sources list_sources(const std::vector<std::string>& inputs) {
-  TORCH_CHECK(!inputs.empty(), "prepare: no input: give --data FILE, DIR or - (standard input)");
+  TORCH_CHECK(!inputs.empty(), "prepare: no input: give text files, directories or - (standard input)");
   Sources s;
   for (const auto& input : inputs) {
     if (input == "-") {
@@ -230,15 +230,15 @@ struct MadeDirectory {
 
 PrepareSummary prepare(const PrepareOptions& o) {
   TORCH_CHECK(o.val_fraction > 0 && o.val_fraction < 1, "val-fraction must be in (0, 1), got ", o.val_fraction);
-  TORCH_CHECK(!o.out_dir.empty(), "prepare: no output directory: give --out DIR");
+  TORCH_CHECK(!o.out_dir.empty(), "prepare: no output directory given");
   const bool train_tokenizer = o.tokenizer_model.empty() && o.tokenizer != "byte";
   TORCH_CHECK(!o.tokenizer_model.empty() || o.tokenizer == "byte" || o.tokenizer == "bpe" ||
                   o.tokenizer == "unigram",
               "tokenizer '", internal::printable(o.tokenizer), "' is unknown: use byte, bpe or unigram");
   auto sources = list_sources(o.inputs);
   TORCH_CHECK(!(sources.has_stdin && train_tokenizer), "prepare: training a tokenizer reads the text twice,"
-              " which standard input cannot give: save it to a file, or use --tokenizer byte or "
-              "--tokenizer-model FILE");
+              " which standard input cannot give: save it to a file, or use the byte tokenizer or an "
+              "existing SentencePiece model");
 
   // The output directory: new or empty; nothing in it is ever replaced.
   MadeDirectory made;
@@ -246,13 +246,13 @@ PrepareSummary prepare(const PrepareOptions& o) {
     std::error_code ec;
     const auto st = fs::status(o.out_dir, ec);
     if (fs::exists(st)) {
-      TORCH_CHECK(fs::is_directory(st), "--out '", internal::printable(o.out_dir),
+      TORCH_CHECK(fs::is_directory(st), "output directory '", internal::printable(o.out_dir),
                   "' exists and is not a directory: choose a new directory");
-      TORCH_CHECK(fs::is_empty(o.out_dir, ec), "--out '", internal::printable(o.out_dir),
+      TORCH_CHECK(fs::is_empty(o.out_dir, ec), "output directory '", internal::printable(o.out_dir),
                   "' already holds files: choose a new directory (tinylm never overwrites a prepared corpus)");
     } else {
       TORCH_CHECK(fs::create_directories(o.out_dir, ec) || fs::is_directory(o.out_dir),
-                  "cannot make --out directory '", internal::printable(o.out_dir), "': ", ec.message());
+                  "cannot make output directory '", internal::printable(o.out_dir), "': ", ec.message());
       made.path = o.out_dir;
     }
   }

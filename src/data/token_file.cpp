@@ -227,11 +227,10 @@ TokenFileTask::TokenFileTask(const std::string& dir, int64_t seq_len, TokenFileT
   std::error_code ec;
   const auto status = fs::status(dir, ec);
   TORCH_CHECK(fs::exists(status), "prepared corpus '", shown,
-              "' does not exist: make it with tinylm prepare --data TEXT --out ", shown);
+              "' does not exist: make it with tinylm prepare");
   TORCH_CHECK(fs::is_directory(status), "data '", shown,
               "' is a file, but task tokens reads a directory made by tinylm prepare (train.bin, "
-              "val.bin): prepare it with tinylm prepare --data ", shown,
-              " --out DIR, or train on its bytes with task = text");
+              "val.bin): prepare the file into one, or train on its bytes with task = text");
   train_ = std::make_unique<TokenFile>((fs::path(dir) / "train.bin").string(), options.in_memory);
   val_ = std::make_unique<TokenFile>((fs::path(dir) / "val.bin").string(), options.in_memory);
   const auto& a = train_->header();

@@ -327,7 +327,7 @@ std::shared_ptr<const Tokenizer> train_sentencepiece(const std::function<bool(st
     std::smatch m;
     if (std::regex_search(message, m, std::regex("value <= ([0-9]+)")))
       TORCH_CHECK(false, "vocab-size ", o.vocab_size, " is too large for this corpus: SentencePiece can",
-                  " make at most ", m[1].str(), " pieces from it; use --vocab-size ", m[1].str(),
+                  " make at most ", m[1].str(), " pieces from it; use a vocabulary of ", m[1].str(),
                   " or less, or more text");
     TORCH_CHECK(false, "training the SentencePiece tokenizer failed: ", internal::printable(message));
   }
