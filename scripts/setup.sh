@@ -8,7 +8,10 @@ set -euo pipefail
 
 packages=(cmake ninja-build g++ libtorch-dev libopenblas0-pthread libcli11-dev
           libspdlog-dev catch2 libtomlplusplus-dev nlohmann-json3-dev libgloo-dev
-          libsentencepiece-dev python3-matplotlib)
+          libsentencepiece-dev libblas-dev python3-matplotlib)
+# libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
+# build falls back to its own kernels or BLAS without it.
+if [ "$(dpkg --print-architecture)" = "amd64" ]; then packages+=(libxsmm-dev); fi
 for arg in "$@"; do
   case "$arg" in
     --fortunes) packages+=(fortunes) ;;

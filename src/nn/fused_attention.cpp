@@ -78,7 +78,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                       .reshape({s.B, s.T, 3 * s.D});
       return {dqkv, torch::Tensor(), torch::Tensor()};
     }
-    auto dqkv = torch::zeros_like(qkv);  // (B, T, 3D)
+    auto dqkv = torch::empty_like(qkv);  // (B, T, 3D), every element written
     backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
                     dqkv.data_ptr<float>());
     return {dqkv, torch::Tensor(), torch::Tensor()};

@@ -14,11 +14,20 @@
 // Pointer layouts (row-major, contiguous): ids, targets (N) int64 with n = b * T + t;
 // E (V, D), pe (T, D), x, c, o (N, D), qkv (N, 3D) as [q | k | v], P (B, H, T, T) and
 // z (N, V), all float32; Wqkv (3D, D), Wo (D, D), Wh (V, D) as Linear stores them.
+// The forward pass keeps x, qkv, c, o, z (then dz) and P in one buffer for the backward.
+// The products go through nn::gemm (libxsmm for these sizes where built in), the
+// attention and the softmax through the loops of src/nn/cpu/kernels.inc.
 #include "nn/fused_tiny_lm.h"
+
+#include <tinylm/nn/cpu_kernels.h>
 
 #include "attention_kernels.h"
 
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
 
 namespace tinylm::nn {
 
@@ -27,103 +36,150 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+/// Offsets of the forward pass's arrays in its one buffer.
+struct Layout {
+  int64_t B, T, D, H, V, N;
+  int64_t x() const { return 0; }
+  int64_t qkv() const { return N * D; }
+  int64_t c() const { return qkv() + N * 3 * D; }
+  int64_t o() const { return c() + N * D; }
+  int64_t z() const { return o() + N * D; }
+  int64_t P() const { return z() + N * V; }
+  int64_t size() const { return P() + B * H * T * T; }
+};
+
+/// rows (N x n) <- bias in every row.
+void fill_rows(float* rows, const float* bias, int64_t N, int64_t n) {
+  for (int64_t r = 0; r < N; ++r) std::copy(bias, bias + n, rows + r * n);
+}
+
+/// out (n) <- column sums of rows (N x n).
+void column_sums(const float* rows, int64_t N, int64_t n, float* out) {
+  std::fill(out, out + n, 0.f);
+  for (int64_t r = 0; r < N; ++r) {
+    const float* row = rows + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] += row[j];
+  }
+}
+
+const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
 class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& ids_in,
-                               const torch::Tensor& targets_in, const torch::Tensor& E,
-                               const torch::Tensor& pe, const torch::Tensor& Wqkv,
-                               const torch::Tensor& bqkv, const torch::Tensor& Wo,
-                               const torch::Tensor& bo, const torch::Tensor& Wh,
+                               const torch::Tensor& targets_in, const torch::Tensor& E_in,
+                               const torch::Tensor& pe_in, const torch::Tensor& Wqkv_in,
+                               const torch::Tensor& bqkv, const torch::Tensor& Wo_in,
+                               const torch::Tensor& bo, const torch::Tensor& Wh_in,
                                const torch::Tensor& bh, int64_t n_heads) {
     auto ids = ids_in.contiguous(), targets = targets_in.contiguous();
-    const int64_t B = ids.size(0), T = ids.size(1), D = E.size(1), V = Wh.size(0), N = B * T;
+    auto E = E_in.contiguous(), pe = pe_in.contiguous();
+    auto Wqkv = Wqkv_in.contiguous(), Wo = Wo_in.contiguous(), Wh = Wh_in.contiguous();
+    const int64_t B = ids.size(0), T = ids.size(1), D = E.size(1), V = Wh.size(0);
+    const Layout L{B, T, D, n_heads, V, B * T};
+    const int64_t N = L.N, rows = E.size(0);
     const int64_t* id = ids.data_ptr<int64_t>();
     const int64_t* tg = targets.data_ptr<int64_t>();
 
-    auto x = torch::empty({N, D}, E.options());  // x = E[ids] + pe
-    {
-      const float* e = E.data_ptr<float>();
-      const float* p = pe.contiguous().data_ptr<float>();
-      float* xp = x.data_ptr<float>();
-      for (int64_t n = 0; n < N; ++n) {
-        const float* er = e + id[n] * D;
-        const float* pr = p + (n % T) * D;
-        float* xr = xp + n * D;
-        for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
-      }
+    // The ids' range and the targets', checked in passes over what the gather reads.
+    int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+    for (int64_t n = 0; n < N; ++n) {
+      lo = std::min(lo, id[n]);
+      hi = std::max(hi, id[n]);
     }
-    auto qkv = torch::addmm(bqkv, x, Wqkv.t());  // (N, 3D)
-    const kernels::Dims s = kernels::dims_of(qkv.view({B, T, 3 * D}), n_heads, /*causal=*/true);
-    auto c = torch::empty({N, D}, E.options());
-    auto P = torch::empty({B, n_heads, T, T}, E.options());
-    kernels::forward_kernel(s, qkv.data_ptr<float>(), c.data_ptr<float>(), P.data_ptr<float>());
-    auto o = torch::addmm(bo, c, Wo.t());  // (N, D)
-    auto z = torch::addmm(bh, o, Wh.t());  // (N, V), becomes dz below
-
-    // Softmax cross-entropy over the counted rows (target != kIgnoreTarget); z is
-    // overwritten with dz = (softmax - onehot) / count, and with 0 on ignored rows.
+    check_token_range("TinyAttentionLM", lo, hi, rows);
     int64_t count = 0;
     for (int64_t n = 0; n < N; ++n) {
       TORCH_CHECK(tg[n] == kIgnoreTarget || (tg[n] >= 0 && tg[n] < V), "fused_tiny_lm_loss: target ",
                   tg[n], " out of range [0, ", V, ")");
       count += tg[n] != kIgnoreTarget;
     }
-    double loss = 0;
-    {
-      float* zp = z.data_ptr<float>();
-      const float inv_n = 1.f / static_cast<float>(count);
+
+    auto ws = torch::empty({L.size()}, E.options());
+    float* w = ws.data_ptr<float>();
+    float *x = w + L.x(), *qkv = w + L.qkv(), *c = w + L.c(), *o = w + L.o(), *z = w + L.z(),
+          *P = w + L.P();
+    {  // x = E[ids] + pe
+      const float *e = floats(E), *p = floats(pe);
       for (int64_t n = 0; n < N; ++n) {
-        float* zr = zp + n * V;
-        if (tg[n] == kIgnoreTarget) {
-          std::fill(zr, zr + V, 0.f);
-          continue;
-        }
-        float m = zr[0];
-        for (int64_t v = 1; v < V; ++v) m = std::max(m, zr[v]);
-        const float target_logit = zr[tg[n]];
-        float sum = 0.f;
-        for (int64_t v = 0; v < V; ++v) sum += (zr[v] = std::exp(zr[v] - m));
-        // -log softmax(z)[target] = logsumexp(z) - z[target]: exact however confident the
-        // model is (a probability would underflow to 0 past ~87 nats).
-        loss += static_cast<double>(m) + std::log(static_cast<double>(sum)) - target_logit;
-        const float scale = inv_n / sum;
-        for (int64_t v = 0; v < V; ++v) zr[v] *= scale;
-        zr[tg[n]] -= inv_n;
+        const float* er = e + id[n] * D;
+        const float* pr = p + (n % T) * D;
+        float* xr = x + n * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
       }
     }
-    ctx->save_for_backward({ids, x, qkv, P, c, o, z, Wqkv, Wo, Wh});
+    fill_rows(qkv, floats(bqkv), N, 3 * D);
+    gemm(false, true, N, 3 * D, D, x, D, floats(Wqkv), D, qkv, 3 * D, /*accumulate=*/true);
+    const kernels::Dims s{B, T, D, n_heads, D / n_heads,
+                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / n_heads))), true};
+    kernels::forward_kernel(s, qkv, c, P);
+    fill_rows(o, floats(bo), N, D);
+    gemm(false, true, N, D, D, c, D, floats(Wo), D, o, D, true);
+    fill_rows(z, floats(bh), N, V);
+    gemm(false, true, N, V, D, o, D, floats(Wh), D, z, V, true);
+
+    // Softmax cross-entropy over the counted rows; z becomes dz = (softmax - onehot) / count
+    // (0 on ignored rows). No counted row: the loss is NaN, as cross_entropy gives.
+    const double loss = cpu::table().softmax_cross_entropy(z, tg, N, V, kIgnoreTarget,
+                                                           1.f / static_cast<float>(count));
+    ctx->save_for_backward({ids, ws, Wqkv, Wo, Wh});
     ctx->saved_data["n_heads"] = n_heads;
-    ctx->saved_data["emb_rows"] = E.size(0);
-    // No counted row: NaN, as cross_entropy gives.
+    ctx->saved_data["emb_rows"] = rows;
     return {torch::full({}, loss / static_cast<double>(count), E.options())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &ids = saved[0], &x = saved[1], &qkv = saved[2], &P = saved[3], &c = saved[4],
-               &o = saved[5], &Wqkv = saved[7], &Wo = saved[8], &Wh = saved[9];
-    auto dz = saved[6] * grads[0];  // (N, V), scaled by the incoming gradient
-    const int64_t N = x.size(0), D = x.size(1), B = P.size(0), T = P.size(2);
+    const auto &ids = saved[0], &ws = saved[1], &Wqkv = saved[2], &Wo = saved[3], &Wh = saved[4];
+    const int64_t B = ids.size(0), T = ids.size(1), D = Wo.size(0), V = Wh.size(0);
     const int64_t H = ctx->saved_data["n_heads"].toInt();
+    const Layout L{B, T, D, H, V, B * T};
+    const int64_t N = L.N;
+    const float* w = floats(ws);
+    const float *x = w + L.x(), *qkv = w + L.qkv(), *c = w + L.c(), *o = w + L.o(), *P = w + L.P();
 
-    auto dWh = torch::mm(dz.t(), o), dbh = dz.sum(0);
-    auto dout = torch::mm(dz, Wh);                    // (N, D)
-    auto dWo = torch::mm(dout.t(), c), dbo = dout.sum(0);
-    auto dc = torch::mm(dout, Wo);                    // (N, D)
-    auto dqkv = torch::zeros_like(qkv);               // (N, 3D)
-    const kernels::Dims s = kernels::dims_of(qkv.view({B, T, 3 * D}), H, /*causal=*/true);
-    kernels::backward_kernel(s, qkv.data_ptr<float>(), P.data_ptr<float>(), dc.data_ptr<float>(),
-                             dqkv.data_ptr<float>());
-    auto dWqkv = torch::mm(dqkv.t(), x), dbqkv = dqkv.sum(0);
-    auto dx = torch::mm(dqkv, Wqkv);                  // (N, D)
-    auto dE = torch::zeros({ctx->saved_data["emb_rows"].toInt(), D}, x.options());
+    // The intermediate gradients live in a per-thread buffer: dz (when scaled), dout, dc,
+    // dqkv, dx.
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(N * (V + 6 * D)));
+    float *dout = scratch.data(), *dc = dout + N * D, *dqkv = dc + N * D, *dx = dqkv + N * 3 * D,
+          *dz_scaled = dx + N * D;
+    const float* dz = w + L.z();
+    const auto& up = grads[0];
+    const float g = !up.defined() ? 0.f
+                    : up.is_cpu() && up.scalar_type() == torch::kFloat32 ? *up.data_ptr<float>()
+                                                                        : up.item<float>();
+    if (g != 1.f) {  // the saved dz is for an upstream gradient of 1
+      for (int64_t i = 0; i < N * V; ++i) dz_scaled[i] = dz[i] * g;
+      dz = dz_scaled;
+    }
+    auto opts = ws.options();
+    auto dWh = torch::empty({V, D}, opts), dbh = torch::empty({V}, opts);
+    auto dWo = torch::empty({D, D}, opts), dbo = torch::empty({D}, opts);
+    auto dWqkv = torch::empty({3 * D, D}, opts), dbqkv = torch::empty({3 * D}, opts);
+    auto dE = torch::zeros({ctx->saved_data["emb_rows"].toInt(), D}, opts);
+
+    gemm(true, false, V, D, N, dz, V, o, D, dWh.data_ptr<float>(), D);  // dzᵀ o
+    column_sums(dz, N, V, dbh.data_ptr<float>());
+    gemm(false, false, N, D, V, dz, V, floats(Wh), D, dout, D);         // dz Wh
+    gemm(true, false, D, D, N, dout, D, c, D, dWo.data_ptr<float>(), D);
+    column_sums(dout, N, D, dbo.data_ptr<float>());
+    gemm(false, false, N, D, D, dout, D, floats(Wo), D, dc, D);
+    const kernels::Dims s{B, T, D, H, D / H, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / H))),
+                          true};
+    kernels::backward_kernel(s, qkv, P, dc, dqkv);
+    gemm(true, false, 3 * D, D, N, dqkv, 3 * D, x, D, dWqkv.data_ptr<float>(), D);
+    column_sums(dqkv, N, 3 * D, dbqkv.data_ptr<float>());
+    gemm(false, false, N, D, 3 * D, dqkv, 3 * D, floats(Wqkv), D, dx, D);
     {
       const int64_t* id = ids.data_ptr<int64_t>();
-      const float* dxp = dx.data_ptr<float>();
       float* de = dE.data_ptr<float>();
       for (int64_t n = 0; n < N; ++n) {
         float* row = de + id[n] * D;
-        const float* src = dxp + n * D;
+        const float* src = dx + n * D;
+#pragma omp simd
         for (int64_t d = 0; d < D; ++d) row[d] += src[d];
       }
     }
@@ -144,7 +200,7 @@ torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& id
                                  const torch::Tensor& targets) {
   TORCH_CHECK(fused_tiny_lm_supported(m),
               "fused_tiny_lm_loss: needs float32 CPU parameters and causal attention");
-  check_token_ids("TinyAttentionLM", ids, m.options.vocab_size(), m.options.context_length());
+  check_token_shape("TinyAttentionLM", ids, m.options.context_length());  // the range: in forward
   TORCH_CHECK(targets.sizes() == ids.sizes() && targets.scalar_type() == torch::kLong,
               "fused_tiny_lm_loss: targets must be int64 of the ids' shape ", ids.sizes(),
               ", got ", targets.sizes());

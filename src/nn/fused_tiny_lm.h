@@ -17,6 +17,12 @@ namespace tinylm::nn {
 torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& model, const torch::Tensor& ids,
                                  const torch::Tensor& targets);
 
+/// check_token_ids (model.h) in two halves, for the fused loss, which finds the smallest
+/// and largest id in the pass that gathers the embeddings: rank, dtype, non-empty and
+/// length; then the range.
+void check_token_shape(const char* who, const torch::Tensor& ids, int64_t context_length);
+void check_token_range(const char* who, int64_t min_id, int64_t max_id, int64_t vocab_size);
+
 /// Whether fused_tiny_lm_loss applies: float32 CPU parameters, causal attention.
 bool fused_tiny_lm_supported(const TinyAttentionLMImpl& model);
 

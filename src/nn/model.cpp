@@ -16,8 +16,7 @@
 
 namespace tinylm::nn {
 
-void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
-                     int64_t context_length) {
+void check_token_shape(const char* who, const torch::Tensor& ids, int64_t context_length) {
   TORCH_CHECK(ids.defined(), who, ": token ids are undefined");
   TORCH_CHECK(ids.dim() == 2, who, ": expected token ids of rank 2 (B, T), got rank ", ids.dim(),
               " with shape ", ids.sizes());
@@ -27,10 +26,18 @@ void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_si
               ids.sizes());
   TORCH_CHECK(ids.size(1) <= context_length, who, ": sequence length ", ids.size(1),
               " exceeds context_length ", context_length);
-  auto [lo, hi] = torch::aminmax(ids);
-  const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
+}
+
+void check_token_range(const char* who, int64_t min_id, int64_t max_id, int64_t vocab_size) {
   TORCH_CHECK(min_id >= 0 && max_id < vocab_size, who, ": token ids must be in [0, ", vocab_size,
               "), got ids in [", min_id, ", ", max_id, "]");
+}
+
+void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
+                     int64_t context_length) {
+  check_token_shape(who, ids, context_length);
+  auto [lo, hi] = torch::aminmax(ids);
+  check_token_range(who, lo.item<int64_t>(), hi.item<int64_t>(), vocab_size);
 }
 
 int64_t count_parameters(const torch::nn::Module& module) {

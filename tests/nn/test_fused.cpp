@@ -2,6 +2,7 @@
 #include "../test_util.h"
 
 #include <tinylm/nn/attention.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/generate.h>
 #include "nn/fused_attention.h"
 #include "nn/fused_tiny_lm.h"
@@ -14,12 +15,46 @@ using namespace tinylm;
 using namespace tinylm::nn;
 using tinylm::test::max_abs_diff;
 
+namespace {
+
+/// The instruction sets of tinylm's loops that run here (generic always; avx2 where the
+/// CPU and the build have it), each set for the life of a guard.
+std::vector<CpuIsa> runnable_isas() {
+  std::vector<CpuIsa> v = {CpuIsa::generic};
+  if (cpu_isa_available(CpuIsa::avx2)) v.push_back(CpuIsa::avx2);
+  return v;
+}
+
+/// The product backends that run here.
+std::vector<GemmBackend> runnable_backends() {
+  std::vector<GemmBackend> v = {GemmBackend::blas, GemmBackend::hand};
+  if (gemm_backend_available(GemmBackend::libxsmm)) v.push_back(GemmBackend::libxsmm);
+  return v;
+}
+
+struct KernelGuard {
+  KernelGuard(CpuIsa isa, GemmBackend backend = GemmBackend::automatic) {
+    set_cpu_isa(isa);
+    set_gemm_backend(backend);
+  }
+  ~KernelGuard() {
+    set_cpu_isa(CpuIsa::automatic);
+    set_gemm_backend(GemmBackend::automatic);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("fused attention equals the step-by-step path, forward and backward",
           "[nn][attention][fused]") {
   const auto [B, T, D, H] = GENERATE(std::make_tuple(16, 12, 32, 4), std::make_tuple(2, 1, 8, 2),
-                                     std::make_tuple(3, 33, 48, 6), std::make_tuple(1, 64, 64, 1));
+                                     std::make_tuple(3, 33, 48, 6), std::make_tuple(1, 64, 64, 1),
+                                     std::make_tuple(2, 9, 30, 3), std::make_tuple(1, 31, 20, 2));
   const bool causal = GENERATE(true, false);
-  INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal);
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal << " loops "
+            << to_string(isa));
+  KernelGuard kernels(isa);
   torch::manual_seed(B * 100 + T);
   MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
   MultiHeadSelfAttention fused(
@@ -49,10 +84,14 @@ TEST_CASE("fused attention equals the step-by-step path, forward and backward",
 TEST_CASE("fused attention gradients match finite differences",
           "[nn][attention][fused]") {
   // The kernel is float32-only; check its gradient against finite differences of itself.
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  const bool causal = GENERATE(true, false);
+  INFO("loops " << to_string(isa) << " causal " << causal);
+  KernelGuard kernels(isa);
   torch::manual_seed(7);
   auto qkv = torch::randn({2, 5, 12});
   auto w = torch::randn({2, 5, 4});
-  auto f = [&](const torch::Tensor& in) { return (fused_self_attention(in, 2, true) * w).sum(); };
+  auto f = [&](const torch::Tensor& in) { return (fused_self_attention(in, 2, causal) * w).sum(); };
   auto x = qkv.clone().requires_grad_(true);
   f(x).backward();
   auto analytic = x.grad();
@@ -273,8 +312,12 @@ TEST_CASE("the fused TinyAttentionLM loss is exact for an overconfident model",
 TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradients",
           "[nn][model][fused]") {
   const auto [V, D, H, T, B] = GENERATE(std::make_tuple(64, 32, 4, 12, 16), std::make_tuple(7, 6, 3, 5, 2),
-                                        std::make_tuple(50, 16, 1, 1, 3));
-  INFO("V " << V << " D " << D << " H " << H << " T " << T << " B " << B);
+                                        std::make_tuple(50, 16, 1, 1, 3), std::make_tuple(37, 20, 2, 11, 3));
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  const GemmBackend backend = GENERATE(from_range(runnable_backends()));
+  INFO("V " << V << " D " << D << " H " << H << " T " << T << " B " << B << " loops "
+            << to_string(isa) << " products " << to_string(backend));
+  KernelGuard kernels(isa, backend);
   torch::manual_seed(V + T);
   TinyAttentionLM a(TinyAttentionLMOptions(V, 12, D, H).attention_kernel(AttentionKernel::plain));
   TinyAttentionLM b(TinyAttentionLMOptions(V, 12, D, H));
@@ -302,6 +345,40 @@ TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradi
     INFO(p.key());
     REQUIRE(p.value().grad().defined());
     CHECK(max_abs_diff(p.value().grad(), pa[p.key()].grad()) < 2e-5);
+  }
+}
+
+TEST_CASE("the fused TinyAttentionLM loss's gradients match finite differences",
+          "[nn][model][fused]") {
+  // The fused op is float32-only: compare its gradient of every parameter with central
+  // differences of its own loss, on each instruction set.
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  INFO("loops " << to_string(isa));
+  KernelGuard kernels(isa);
+  torch::manual_seed(3);
+  TinyAttentionLM m(TinyAttentionLMOptions(11, 6, 12, 3));
+  auto ids = torch::randint(11, {2, 6}, torch::kLong), targets = torch::randint(11, {2, 6}, torch::kLong);
+  targets[0][0] = kIgnoreTarget;
+  fused_tiny_lm_loss(*m, ids, targets).backward();
+  const float h = 1e-2f;
+  for (const auto& p : m->named_parameters()) {
+    if (!p.value().grad().defined()) continue;
+    INFO(p.key());
+    auto flat = p.value().view({-1});
+    auto grad = p.value().grad().view({-1});
+    double worst = 0;
+    for (int64_t i = 0; i < flat.numel(); i += std::max<int64_t>(1, flat.numel() / 12)) {
+      torch::NoGradGuard g;
+      const float saved = flat[i].item<float>();
+      flat[i] = saved + h;
+      const double up = fused_tiny_lm_loss(*m, ids, targets).item<double>();
+      flat[i] = saved - h;
+      const double down = fused_tiny_lm_loss(*m, ids, targets).item<double>();
+      flat[i] = saved;
+      worst = std::max(worst, std::abs((up - down) / (2 * h) - grad[i].item<double>()));
+    }
+    INFO("largest |numeric - analytic| " << worst);
+    CHECK(worst < 2e-3);
   }
 }
 

@@ -1,0 +1,68 @@
+// The CPU kernels behind tinylm's fused ops (the whole-model TinyAttentionLM loss and the
+// fused attention): who computes their small matrix products, and which instruction set
+// tinylm's own loops use. Both are chosen automatically, in this one place; the setters
+// exist for comparisons (`tinylm bench --cases gemm`) and to step around a platform
+// problem. They are process-wide.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tinylm::nn {
+
+/// Who computes a matrix product.
+enum class GemmBackend {
+  /// By shape: products up to kSmallGemmFlops (2 M K N) go to libxsmm where tinylm was
+  /// built with it, else to the hand kernel where the AVX2 loops run, else BLAS; larger
+  /// ones to BLAS (multi-threaded).
+  automatic,
+  /// libxsmm's JIT-generated kernels (Debian: libxsmm-dev), x86-64 only.
+  libxsmm,
+  /// sgemm of the BLAS LibTorch loads (OpenBLAS on Debian), called directly where its
+  /// symbol is visible, else through LibTorch's matmul.
+  blas,
+  /// tinylm's register-blocked loop, compiled for the instruction set in use (CpuIsa).
+  hand,
+};
+
+/// The instruction set of tinylm's own CPU loops (attention, softmax, the hand product).
+enum class CpuIsa {
+  automatic,  ///< avx2 where the CPU has AVX2 and FMA and it was built in, else generic
+  generic,    ///< the target's baseline (SSE2 on x86-64, NEON on arm64)
+  avx2,       ///< AVX2 + FMA (x86-64)
+};
+
+/// Products up to this many flops (2 M N K) count as small for GemmBackend::automatic.
+constexpr double kSmallGemmFlops = 8.0 * 1024 * 1024;
+
+const char* to_string(GemmBackend backend);
+const char* to_string(CpuIsa isa);
+/// "automatic" | "libxsmm" | "blas" | "hand"; throws on anything else.
+GemmBackend gemm_backend_from_string(const std::string& name);
+
+/// Whether the backend / instruction set can run here (built in, and the CPU has it).
+bool gemm_backend_available(GemmBackend backend);
+bool cpu_isa_available(CpuIsa isa);
+
+/// The backend every product of the fused ops uses from now on; throws if unavailable.
+void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_backend();  ///< the setting (automatic by default)
+/// The instruction set tinylm's loops use from now on; throws if unavailable.
+void set_cpu_isa(CpuIsa isa);
+CpuIsa cpu_isa();  ///< the one in use: generic or avx2, never automatic
+
+/// The backend a product of this shape goes to under the current setting.
+GemmBackend gemm_backend_for(int64_t M, int64_t N, int64_t K);
+
+/// C (M x N) = op(A) op(B), or C += op(A) op(B) with accumulate; float32, row-major, each
+/// matrix with its own row stride (lda, ldb, ldc). op(X) is X, or Xᵀ when trans_*: A is
+/// then stored K x M, B N x K. `backend` automatic means the current setting.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+          bool accumulate = false, GemmBackend backend = GemmBackend::automatic);
+
+/// One line for logs and benchmark output, e.g.
+/// "products: libxsmm 1.17 (JIT, avx512_...) for small, BLAS sgemm for large; loops: avx2".
+std::string cpu_kernels_description();
+
+}  // namespace tinylm::nn

@@ -1,0 +1,69 @@
+// Internal: tinylm's own CPU loops for the fused ops, compiled once per instruction set.
+//
+// kernels.inc holds them, written with GCC/Clang vector extensions (8 floats per vector),
+// and is compiled twice: kernels_avx2.cpp with -mavx2 -mfma (x86-64 only; CMake adds the
+// flags to that file alone) and kernels_generic.cpp with the target's baseline (SSE2 on
+// x86-64, NEON on arm64). table() hands out the AVX2 set where the CPU has AVX2 and FMA.
+// Neither file includes LibTorch or any C++ template library: an inline function emitted
+// by both would be one symbol, and the linker could keep the AVX2 copy for everyone.
+//
+// Pointer layouts (float32, row-major): see src/nn/fused_attention.cpp for attention's;
+// a matrix X(i, k) given as (X, row stride, column stride) may be a transposed view.
+#pragma once
+
+#include <cstdint>
+
+namespace tinylm::nn::cpu {
+
+/// Attention sizes: B batch, T sequence, D model width, H heads, Dh = D / H.
+struct AttentionDims {
+  int64_t B, T, D, H, Dh;
+  float scale;  // 1 / sqrt(Dh)
+  bool causal;
+};
+
+/// Floats of scratch attention_forward / attention_backward need: two (T, T8) tiles and
+/// one (Dh, T8), T8 = T rounded up to a multiple of 8.
+inline int64_t attention_scratch_floats(const AttentionDims& s) {
+  const int64_t Tp = (s.T + 7) / 8 * 8;
+  return s.Dh * Tp + 2 * s.T * Tp;
+}
+
+/// One instruction set's kernels.
+struct KernelTable {
+  const char* isa;  // "avx2" or "generic"
+  /// C(M x N) = A B, or += with accumulate; A(i, k) = A[i * a_row + k * a_col] (a
+  /// transposed A is a_row = 1), B (K x N) row-major with row stride ldb, C row stride ldc.
+  void (*gemm)(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+  /// Attention for the (batch, head) pairs [bh_begin, bh_end): qkv (B, T, 3D) -> out
+  /// (B, T, D) heads merged, p (B, H, T, T) softmax weights (zero past i when causal).
+  /// `scratch` holds attention_scratch_floats(s) floats (per thread).
+  void (*attention_forward)(const AttentionDims& s, const float* qkv, float* out, float* p,
+                            int64_t bh_begin, int64_t bh_end, float* scratch);
+  /// Its backward for the same pairs: writes (does not add) their slices of dqkv (B, T, 3D).
+  void (*attention_backward)(const AttentionDims& s, const float* qkv, const float* p,
+                             const float* dout, float* dqkv, int64_t bh_begin, int64_t bh_end,
+                             float* scratch);
+  /// Rows [begin, end) of s (rows of length T, row r is query r % T), in place:
+  /// softmax(scale * s) with keys past the query masked when causal.
+  void (*masked_softmax_rows)(float* s, int64_t begin, int64_t end, int64_t T, float scale,
+                              bool causal);
+  /// Softmax cross-entropy over rows of z (N x V): returns the sum over rows whose target
+  /// is not `ignore` of logsumexp(z) - z[target], and overwrites z with its gradient
+  /// (softmax - onehot) * inv_count (zero rows where ignored). Targets must be in range.
+  double (*softmax_cross_entropy)(float* z, const int64_t* targets, int64_t N, int64_t V,
+                                  int64_t ignore, float inv_count);
+  /// y[i] = exp(x[i]) (in place allowed): the vectorised exp the kernels use.
+  void (*exp)(const float* x, float* y, int64_t n);
+};
+
+/// The generic set (always there) and the AVX2 set (nullptr where not compiled in).
+const KernelTable& generic_table();
+const KernelTable* avx2_table();
+/// Whether this CPU runs AVX2 + FMA code.
+bool cpu_has_avx2();
+/// The set in use (see tinylm::nn::set_cpu_isa).
+const KernelTable& table();
+
+}  // namespace tinylm::nn::cpu

@@ -1,0 +1,152 @@
+// The matrix-product backends and tinylm's vectorised loops, against LibTorch and libm.
+#include "../test_util.h"
+
+#include <tinylm/nn/cpu_kernels.h>
+
+#include "nn/cpu/kernels.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using namespace tinylm::nn;
+using tinylm::test::error_message;
+
+namespace {
+
+struct Restore {
+  ~Restore() {
+    set_cpu_isa(CpuIsa::automatic);
+    set_gemm_backend(GemmBackend::automatic);
+  }
+};
+
+std::vector<std::pair<GemmBackend, CpuIsa>> runnable_products() {
+  std::vector<std::pair<GemmBackend, CpuIsa>> v = {{GemmBackend::blas, CpuIsa::automatic},
+                                                   {GemmBackend::hand, CpuIsa::generic}};
+  if (cpu_isa_available(CpuIsa::avx2)) v.push_back({GemmBackend::hand, CpuIsa::avx2});
+  if (gemm_backend_available(GemmBackend::libxsmm)) v.push_back({GemmBackend::libxsmm, CpuIsa::automatic});
+  return v;
+}
+
+std::vector<const tinylm::nn::cpu::KernelTable*> runnable_tables() {
+  std::vector<const tinylm::nn::cpu::KernelTable*> v = {&tinylm::nn::cpu::generic_table()};
+  if (cpu_isa_available(CpuIsa::avx2)) v.push_back(tinylm::nn::cpu::avx2_table());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("every product backend computes op(A) op(B) as LibTorch does, with strides and accumulation",
+          "[nn][gemm]") {
+  Restore restore;
+  const auto [backend, isa] = GENERATE(from_range(runnable_products()));
+  const auto [M, N, K] = GENERATE(std::make_tuple(192, 96, 32), std::make_tuple(64, 32, 192),
+                                  std::make_tuple(7, 13, 5), std::make_tuple(1, 1, 1),
+                                  std::make_tuple(17, 33, 9), std::make_tuple(3, 8, 0));
+  const bool ta = GENERATE(false, true), tb = GENERATE(false, true), accumulate = GENERATE(false, true);
+  INFO(to_string(backend) << " loops " << to_string(isa) << " M " << M << " N " << N << " K " << K
+                          << " ta " << ta << " tb " << tb << " accumulate " << accumulate);
+  set_cpu_isa(isa);
+  torch::manual_seed(M * 7 + N * 3 + K);
+  // Each operand sits in a wider buffer: row strides longer than the rows.
+  auto a_buf = ta ? torch::randn({K, M + 3}) : torch::randn({M, K + 3});
+  auto b_buf = tb ? torch::randn({N, K + 2}) : torch::randn({K, N + 2});
+  auto c_buf = torch::randn({M, N + 5});
+  auto a = ta ? a_buf.narrow(1, 0, M).t() : a_buf.narrow(1, 0, K);
+  auto b = tb ? b_buf.narrow(1, 0, K).t() : b_buf.narrow(1, 0, N);
+  auto c_before = c_buf.narrow(1, 0, N).clone();
+  auto expected = torch::mm(a.to(torch::kFloat64), b.to(torch::kFloat64));
+  if (accumulate) expected += c_before.to(torch::kFloat64);
+  gemm(ta, tb, M, N, K, a_buf.data_ptr<float>(), a_buf.size(1), b_buf.data_ptr<float>(), b_buf.size(1),
+       c_buf.data_ptr<float>(), c_buf.size(1), accumulate, backend);
+  const double err = (c_buf.narrow(1, 0, N).to(torch::kFloat64) - expected).abs().max().item<double>();
+  CHECK(err < 1e-4 * std::max(1.0, std::sqrt(static_cast<double>(K))));
+}
+
+TEST_CASE("the padding past C's rows is left alone", "[nn][gemm]") {
+  Restore restore;
+  const auto [backend, isa] = GENERATE(from_range(runnable_products()));
+  set_cpu_isa(isa);
+  auto a = torch::randn({9, 4}), b = torch::randn({4, 11});
+  auto c = torch::full({9, 16}, 7.0f);
+  gemm(false, false, 9, 11, 4, a.data_ptr<float>(), 4, b.data_ptr<float>(), 11, c.data_ptr<float>(), 16,
+       false, backend);
+  CHECK(torch::all(c.narrow(1, 11, 5) == 7.0f).item<bool>());
+  CHECK((c.narrow(1, 0, 11) - torch::mm(a, b)).abs().max().item<double>() < 1e-5);
+}
+
+TEST_CASE("the automatic choice sends small products to a small-matrix kernel and large ones to BLAS",
+          "[nn][gemm]") {
+  Restore restore;
+  const GemmBackend small = gemm_backend_for(192, 96, 32);
+  if (gemm_backend_available(GemmBackend::libxsmm)) {
+    CHECK(small == GemmBackend::libxsmm);
+  } else {
+    CHECK(small == (cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas));
+  }
+  CHECK(gemm_backend_for(1024, 1024, 1024) == GemmBackend::blas);
+  set_gemm_backend(GemmBackend::hand);
+  CHECK(gemm_backend_for(1024, 1024, 1024) == GemmBackend::hand);
+  CHECK(cpu_kernels_description().find("loops: ") != std::string::npos);
+}
+
+TEST_CASE("kernel settings reject unknown names and what cannot run here", "[nn][gemm][errors]") {
+  Restore restore;
+  CHECK(error_message([] { gemm_backend_from_string("mkl"); }).find("use automatic, libxsmm, blas or hand") !=
+        std::string::npos);
+  CHECK(gemm_backend_from_string("libxsmm") == GemmBackend::libxsmm);
+  if (!cpu_isa_available(CpuIsa::avx2))
+    CHECK(error_message([] { set_cpu_isa(CpuIsa::avx2); }).find("cannot run here") != std::string::npos);
+  if (!gemm_backend_available(GemmBackend::libxsmm))
+    CHECK(error_message([] { set_gemm_backend(GemmBackend::libxsmm); }).find("not available") != std::string::npos);
+  std::vector<float> x(4);
+  CHECK(error_message([&] {
+          gemm(false, false, 2, 2, 2, x.data(), 1, x.data(), 2, x.data(), 2);
+        }).find("row stride") != std::string::npos);
+}
+
+TEST_CASE("the vectorised exp is within 2 ulp of libm and handles the edges", "[nn][gemm][exp]") {
+  const auto* table = GENERATE(from_range(runnable_tables()));
+  INFO(table->isa);
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.0f; v += 0.01371f) x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  x.insert(x.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, -inf, -1000.0f, std::nanf("")});
+  std::vector<float> y(x.size());
+  table->exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  double worst = 0;
+  for (size_t i = 0; i + 7 < x.size(); ++i)
+    worst = std::max(worst, std::abs(y[i] / std::exp(static_cast<double>(x[i])) - 1.0));
+  INFO("largest relative error " << worst);
+  CHECK(worst < 2.5e-7);
+  const size_t e = x.size() - 7;
+  CHECK(y[e] == 1.0f);
+  CHECK(y[e + 1] == 1.0f);
+  CHECK(y[e + 2] == 1.0f);
+  CHECK(y[e + 3] == 1.0f);
+  CHECK(y[e + 4] == 0.0f);  // exp(-inf)
+  CHECK(y[e + 5] == 0.0f);
+  CHECK(std::isnan(y[e + 6]));
+}
+
+TEST_CASE("the softmax cross-entropy kernel matches LibTorch's on rows of every length",
+          "[nn][gemm][softmax]") {
+  const auto* table = GENERATE(from_range(runnable_tables()));
+  const int64_t V = GENERATE(1, 3, 8, 13, 64, 67);
+  INFO(table->isa << " V " << V);
+  torch::manual_seed(V);
+  const int64_t N = 9;
+  auto z = torch::randn({N, V}) * 4;
+  auto targets = torch::randint(V, {N}, torch::kLong);
+  targets[2] = -100;
+  auto zr = z.clone().requires_grad_(true);
+  auto expected = torch::nn::functional::cross_entropy(
+      zr, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  expected.backward();
+  auto work = z.clone();
+  const double loss = table->softmax_cross_entropy(work.data_ptr<float>(), targets.data_ptr<int64_t>(), N, V,
+                                                   -100, 1.0f);
+  CHECK(std::abs(loss - expected.item<double>()) < 1e-4 * N);
+  CHECK((work - zr.grad()).abs().max().item<double>() < 1e-6);
+}
