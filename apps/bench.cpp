@@ -2,7 +2,9 @@
 // Every figure is a median over repetitions after warm-up, with min and max.
 #include "bench.h"
 
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/run.h>
+#include <tinylm/train/optimizer.h>
 #include <tinylm/tinylm.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -156,6 +158,156 @@ void bench_p1(bool quick) {
     auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
     emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
     std::filesystem::remove_all(c.out_dir);
+  }
+}
+
+/// P1 with the fused path under each matrix-product backend and each instruction set of
+/// tinylm's loops (the settings of tinylm/nn/cpu_kernels.h), rounds alternating.
+void bench_p1_kernels(bool quick) {
+  struct Setting {
+    std::string name;
+    nn::GemmBackend gemm;
+    nn::CpuIsa isa;
+  };
+  std::vector<Setting> settings;
+  for (auto b : {nn::GemmBackend::libxsmm, nn::GemmBackend::blas, nn::GemmBackend::hand})
+    if (nn::gemm_backend_available(b)) settings.push_back({std::string("gemm_") + nn::to_string(b), b, nn::CpuIsa::automatic});
+  for (auto i : {nn::CpuIsa::generic, nn::CpuIsa::avx2})
+    if (nn::cpu_isa_available(i)) settings.push_back({std::string("loops_") + nn::to_string(i), nn::GemmBackend::automatic, i});
+  const int rounds = quick ? 1 : 3;
+  std::map<std::string, std::vector<double>> seconds;
+  RunConfig c = p1_config();
+  for (int round = 0; round < rounds; ++round) {
+    for (const auto& z : settings) {
+      nn::set_gemm_backend(z.gemm);
+      nn::set_cpu_isa(z.isa);
+      train::Trainer t = make_trainer(c);
+      seconds[z.name].push_back(time_per_call([&] { t.train_step(); }, quick ? 2 : 30, quick ? 2 : 5, quick ? 5 : 100).median);
+    }
+  }
+  nn::set_gemm_backend(nn::GemmBackend::automatic);
+  nn::set_cpu_isa(nn::CpuIsa::automatic);
+  for (auto& [name, v] : seconds) {
+    std::sort(v.begin(), v.end());
+    Json config = describe(c);
+    config["kernels"] = name;
+    config["rounds"] = rounds;
+    emit_value("p1_" + name, "train_steps_per_s", "steps/s", 1.0 / v[v.size() / 2], config);
+  }
+  std::filesystem::remove_all(c.out_dir);
+}
+
+/// Where a P1 step's time goes: the loop of Trainer::train_step written out with a clock
+/// around each part. forward = the loss (the fused op), backward = loss.backward(),
+/// optimizer = the Adam update; other = drawing the batch, zeroing gradients, reading the
+/// loss and the loop itself.
+void bench_p1_parts(bool quick) {
+  RunConfig c = p1_config();
+  auto model = build_model(c);
+  auto task = make_task(c);
+  auto opt = train::make_flat_adam(*model, train::AdamConfig{});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const int64_t warmup = quick ? 5 : 300, steps = quick ? 10 : 3000;
+  double forward = 0, backward = 0, optimizer = 0, total = 0;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    auto batch = task->sample(c.batch_size, data::Split::train, gen);
+    opt->zero_grad();
+    const auto t1 = Clock::now();
+    auto loss = model->loss(batch.inputs, batch.targets);
+    const auto t2 = Clock::now();
+    loss.backward();
+    const auto t3 = Clock::now();
+    volatile double value = loss.item<double>();
+    (void)value;
+    const auto t4 = Clock::now();
+    opt->step(c.lr);
+    const auto t5 = Clock::now();
+    if (i < warmup) continue;
+    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    forward += sec(t1, t2);
+    backward += sec(t2, t3);
+    optimizer += sec(t4, t5);
+    total += sec(t0, t5);
+  }
+  Json config = describe(c);
+  config["steps"] = steps;
+  config["kernels"] = nn::cpu_kernels_description();
+  const double other = total - forward - backward - optimizer;
+  emit_value("p1_step", "us_per_step", "us", 1e6 * total / steps, config);
+  for (auto [name, t] : {std::pair<const char*, double>{"forward", forward}, {"backward", backward},
+                         {"optimizer", optimizer}, {"other", other}}) {
+    emit_value(std::string("p1_step_") + name, "us_per_step", "us", 1e6 * t / steps, config);
+    emit_value(std::string("p1_step_") + name, "share", "fraction of the step", t / total, config);
+  }
+}
+
+/// The matrix products of P1's fused loss (N = 16 x 12 rows, d 32, vocab 64), each
+/// through every candidate: libxsmm's JIT kernel, BLAS sgemm called directly, tinylm's
+/// hand kernel (for each instruction set), and LibTorch's matmul (what the fused loss
+/// called before), in alternating rounds.
+void bench_gemm(bool quick) {
+  const int64_t N = 16 * 12, D = 32, V = 64;
+  struct Product {
+    const char* name;
+    bool ta, tb;
+    int64_t M, Nc, K;
+  };
+  const std::vector<Product> products = {
+      {"qkv_forward", false, true, N, 3 * D, D},  {"qkv_grad_input", false, false, N, D, 3 * D},
+      {"qkv_grad_weight", true, false, 3 * D, D, N}, {"out_forward", false, true, N, D, D},
+      {"out_grad_input", false, false, N, D, D},  {"out_grad_weight", true, false, D, D, N},
+      {"head_forward", false, true, N, V, D},     {"head_grad_input", false, false, N, D, V},
+      {"head_grad_weight", true, false, V, D, N}};
+  struct Candidate {
+    std::string name;
+    nn::GemmBackend backend;
+    nn::CpuIsa isa;
+  };
+  std::vector<Candidate> candidates;
+  if (nn::gemm_backend_available(nn::GemmBackend::libxsmm))
+    candidates.push_back({"libxsmm", nn::GemmBackend::libxsmm, nn::CpuIsa::automatic});
+  candidates.push_back({"blas", nn::GemmBackend::blas, nn::CpuIsa::automatic});
+  for (auto i : {nn::CpuIsa::avx2, nn::CpuIsa::generic})
+    if (nn::cpu_isa_available(i)) candidates.push_back({std::string("hand_") + nn::to_string(i), nn::GemmBackend::hand, i});
+  candidates.push_back({"libtorch", nn::GemmBackend::automatic, nn::CpuIsa::automatic});
+  const int rounds = quick ? 1 : 3;
+  torch::manual_seed(0);
+  for (const auto& p : products) {
+    // Operands as stored: A is M x K (K x M when transposed), B K x N (N x K).
+    auto a = p.ta ? torch::randn({p.K, p.M}) : torch::randn({p.M, p.K});
+    auto b = p.tb ? torch::randn({p.Nc, p.K}) : torch::randn({p.K, p.Nc});
+    auto out = torch::empty({p.M, p.Nc});
+    const auto lhs = p.ta ? a.t() : a, rhs = p.tb ? b.t() : b;
+    const auto expected = torch::mm(lhs, rhs);
+    std::map<std::string, std::vector<double>> us;
+    for (int round = 0; round < rounds; ++round) {
+      for (const auto& cand : candidates) {
+        std::function<void()> call;
+        if (cand.name == "libtorch") {
+          call = [&] { torch::mm_out(out, lhs, rhs); };
+        } else {
+          nn::set_cpu_isa(cand.isa);
+          call = [&] {
+            nn::gemm(p.ta, p.tb, p.M, p.Nc, p.K, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                     b.size(1), out.data_ptr<float>(), p.Nc, false, cand.backend);
+          };
+        }
+        us[cand.name].push_back(1e6 * time_per_call(call, quick ? 2 : 200, quick ? 2 : 7, quick ? 5 : 500).median);
+        TORCH_CHECK(torch::allclose(out, expected, 1e-4, 1e-4), "bench gemm: ", cand.name, " computed ",
+                    p.name, " wrong");
+        nn::set_cpu_isa(nn::CpuIsa::automatic);
+      }
+    }
+    Json config = {{"product", p.name}, {"M", p.M}, {"N", p.Nc}, {"K", p.K},
+                   {"trans_a", p.ta}, {"trans_b", p.tb}, {"rounds", rounds},
+                   {"automatic", nn::to_string(nn::gemm_backend_for(p.M, p.Nc, p.K))}};
+    for (auto& [name, v] : us) {
+      std::sort(v.begin(), v.end());
+      Json cfg = config;
+      cfg["candidate"] = name;
+      emit_value("gemm_" + std::string(p.name), "us_per_call", "us", v[v.size() / 2], cfg);
+    }
   }
 }
 
@@ -627,8 +779,10 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "dp" || item == "dp_worker" || item == "data" || item == "data_worker",
-                  "unknown bench case '", item, "': use peak, p1, p2, p3, attention, dp, data (comma-separated)");
+                      item == "gemm" || item == "dp" || item == "dp_worker" || item == "data" ||
+                      item == "data_worker",
+                  "unknown bench case '", item,
+                  "': use peak, p1, p2, p3, attention, gemm, dp, data (comma-separated)");
     }
   }
   if (a.cases == "dp_worker") {  // one rank of the dp case's job, started by it
@@ -644,6 +798,11 @@ int run_bench(const BenchArgs& a) {
   // P2's utilisation needs the peak: measure it whenever P2 runs.
   const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
+  if (wants("gemm")) {
+    bench_gemm(a.quick);
+    bench_p1_kernels(a.quick);
+    bench_p1_parts(a.quick);
+  }
   if (wants("p2")) bench_p2(a.quick, peak, a.memory_steps);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);

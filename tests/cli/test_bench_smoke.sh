@@ -30,13 +30,29 @@ need = {("peak", "matmul_gflops"), ("p1", "train_steps_per_s"), ("p1_plain", "tr
         ("prepare_byte", "encode_mb_per_s"), ("data_mmap_big", "train_tokens_per_s"),
         ("data_in_memory_big", "train_tokens_per_s"), ("data_mmap_vs_in_memory", "tokens_per_s_ratio"),
         ("data_mmap_big", "peak_rss_mib"), ("data_mmap_small", "peak_rss_mib"),
-        ("data_mmap_big_vs_small", "peak_rss_ratio")}
+        ("data_mmap_big_vs_small", "peak_rss_ratio"),
+        ("gemm_qkv_forward", "us_per_call"), ("gemm_head_grad_weight", "us_per_call"),
+        ("p1_gemm_blas", "train_steps_per_s"), ("p1_gemm_hand", "train_steps_per_s"),
+        ("p1_loops_generic", "train_steps_per_s"), ("p1_step", "us_per_step"),
+        ("p1_step_forward", "share"), ("p1_step_backward", "share"),
+        ("p1_step_optimizer", "share"), ("p1_step_other", "share")}
 if not skipped:
     need |= {("prepare_bpe", "encode_mb_per_s"), ("prepare_bpe", "tokenizer_training_s")}
 missing = need - seen
 bad = [r for r in lines if not (r["value"] > 0 or r["metric"] == "identical_tokens")]
 if missing or bad:
     print("FAIL: missing", sorted(missing), "non-positive", bad)
+    sys.exit(1)
+# Every product is timed through BLAS, the generic hand kernel and LibTorch at least.
+for product in ("qkv_forward", "qkv_grad_input", "qkv_grad_weight", "out_forward", "out_grad_input",
+                "out_grad_weight", "head_forward", "head_grad_input", "head_grad_weight"):
+    got = {r["config"]["candidate"] for r in lines if r["case"] == "gemm_" + product}
+    if not {"blas", "hand_generic", "libtorch"} <= got:
+        print("FAIL: gemm_" + product, "lacks candidates:", got)
+        sys.exit(1)
+shares = sum(r["value"] for r in lines if r["case"].startswith("p1_step_") and r["metric"] == "share")
+if abs(shares - 1) > 1e-6:
+    print("FAIL: the parts of a P1 step add up to", shares, "of it")
     sys.exit(1)
 ident = [r["value"] for r in lines if r["metric"] == "identical_tokens"]
 if ident != [1]:
