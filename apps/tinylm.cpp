@@ -7,6 +7,7 @@
 #include "bench.h"
 
 #include <tinylm/tinylm.h>
+#include <tinylm/nn/cpu_kernels.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -169,6 +170,7 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
   model.pretty_print(name);
   log->info("model: {} | {} parameters | device {} | {} intra-op thread(s)", name.str(),
             nn::count_parameters(model), device.str(), at::get_num_threads());
+  if (device.is_cpu()) log->info("cpu kernels: {}", nn::cpu_kernels_description());
   log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
             cfg.task, cfg.vocab_size, cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.epochs,
             cfg.steps_per_epoch, cfg.optimizer, cfg.lr);

@@ -10,6 +10,7 @@
 #include <tinylm/interop.h>
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/embedding.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
