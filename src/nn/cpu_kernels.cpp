@@ -145,10 +145,8 @@ bool cpu_isa_available(CpuIsa isa) {
 
 void set_gemm_backend(GemmBackend backend) {
   TORCH_CHECK(gemm_backend_available(backend), "the ", to_string(backend),
-              " matrix-product backend is not available here (",
-              backend == GemmBackend::libxsmm ? "tinylm was built without libxsmm, or it cannot JIT on this CPU"
-                                              : "?",
-              "): use automatic");
+              " matrix-product backend is not available here (tinylm was built without libxsmm, "
+              "or it cannot generate code on this CPU): use automatic");
   g_backend = backend;
 }
 
