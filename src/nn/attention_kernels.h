@@ -42,14 +42,18 @@ inline std::array<torch::Tensor, 3> split_qkv(const torch::Tensor& qkv, int64_t 
 
 using Dims = cpu::AttentionDims;
 
+/// Sizes with the scale 1 / sqrt(Dh); D must be divisible by H.
+inline Dims make_dims(int64_t B, int64_t T, int64_t D, int64_t H, bool causal) {
+  return {B, T, D, H, D / H, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / H))), causal};
+}
+
 inline Dims dims_of(const torch::Tensor& qkv, int64_t H, bool causal) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
               "fused_self_attention: expected qkv (B, T, 3D), got ", qkv.sizes());
   const int64_t D = qkv.size(2) / 3;
   TORCH_CHECK(H >= 1 && D % H == 0, "fused_self_attention: D=", D,
               " is not divisible by n_heads=", H);
-  return {qkv.size(0), qkv.size(1), D, H, D / H,
-          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / H))), causal};
+  return make_dims(qkv.size(0), qkv.size(1), D, H, causal);
 }
 
 /// qkv (B, T, 3D) -> out (B, T, D) and p (B, H, T, T); layouts above.

@@ -112,8 +112,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     }
     fill_rows(qkv, floats(bqkv), N, 3 * D);
     gemm(false, true, N, 3 * D, D, x, D, floats(Wqkv), D, qkv, 3 * D, /*accumulate=*/true);
-    const kernels::Dims s{B, T, D, n_heads, D / n_heads,
-                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / n_heads))), true};
+    const kernels::Dims s = kernels::make_dims(B, T, D, n_heads, /*causal=*/true);
     kernels::forward_kernel(s, qkv, c, P);
     fill_rows(o, floats(bo), N, D);
     gemm(false, true, N, D, D, c, D, floats(Wo), D, o, D, true);
@@ -167,8 +166,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     gemm(true, false, D, D, N, dout, D, c, D, dWo.data_ptr<float>(), D);
     column_sums(dout, N, D, dbo.data_ptr<float>());
     gemm(false, false, N, D, D, dout, D, floats(Wo), D, dc, D);
-    const kernels::Dims s{B, T, D, H, D / H, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D / H))),
-                          true};
+    const kernels::Dims s = kernels::make_dims(B, T, D, H, /*causal=*/true);
     kernels::backward_kernel(s, qkv, P, dc, dqkv);
     gemm(true, false, 3 * D, D, N, dqkv, 3 * D, x, D, dWqkv.data_ptr<float>(), D);
     column_sums(dqkv, N, 3 * D, dbqkv.data_ptr<float>());
