@@ -8,6 +8,7 @@
 
 #include <tinylm/tinylm.h>
 #include <tinylm/nn/cpu_kernels.h>
+#include <tinylm/version.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -306,25 +307,10 @@ int launch_workers(const TrainArgs& args) {
   return status_out;
 }
 
-int run_train(const TrainArgs& args) {
-  TORCH_CHECK(args.nproc >= 1, "--nproc must be >= 1, got ", args.nproc);
-  TORCH_CHECK(std::isfinite(args.dist_timeout) && args.dist_timeout > 0,
-              "--dist-timeout must be > 0 seconds, got ", args.dist_timeout);
-  TORCH_CHECK(args.dist_backend == "auto" || args.dist_backend == "gloo" || args.dist_backend == "nccl",
-              "--dist-backend must be auto, gloo or nccl, got '", args.dist_backend, "'");
-  if (args.dist_backend == "nccl") train::resolve_backend([] {  // refused here, not in every worker
-      train::DistributedOptions probe;
-      probe.backend = train::DistBackend::nccl;
-      probe.device = torch::Device(torch::kCUDA, 0);
-      return probe;
-    }());
-  if (args.nproc > 1 && !args.print_config) return launch_workers(args);
-  std::optional<train::DistributedOptions> dist = train::distributed_from_environment();
-  const bool lead = !dist || dist->rank == 0;
-  if (!lead) logger()->set_level(spdlog::level::warn);  // rank 0 speaks for the job
+/// The run a `tinylm train` command line describes: its config file or the checkpoint it
+/// resumes (read into `ck`), with the flags given on top.
+RunConfig run_config_of(const TrainArgs& args, std::optional<train::Checkpoint>& ck, bool& out_dir_chosen) {
   RunConfig cfg;
-  std::optional<train::Checkpoint> ck;
-  bool out_dir_chosen = false;
   if (!args.resume.empty()) {
     TORCH_CHECK(args.config_path.empty(), "--config and --resume together: a checkpoint carries "
                 "its own config; override single keys with flags instead");
@@ -344,6 +330,32 @@ int run_train(const TrainArgs& args) {
     cfg = effective_config(args, RunConfig{}, &out_dir_chosen);
     if (!out_dir_chosen && !args.overwrite) cfg.out_dir = fresh_default_out_dir(cfg.out_dir);
   }
+  return cfg;
+}
+
+int run_train(const TrainArgs& args) {
+  TORCH_CHECK(args.nproc >= 1, "--nproc must be >= 1, got ", args.nproc);
+  TORCH_CHECK(std::isfinite(args.dist_timeout) && args.dist_timeout > 0,
+              "--dist-timeout must be > 0 seconds, got ", args.dist_timeout);
+  TORCH_CHECK(args.dist_backend == "auto" || args.dist_backend == "gloo" || args.dist_backend == "nccl",
+              "--dist-backend must be auto, gloo or nccl, got '", args.dist_backend, "'");
+  if (args.dist_backend == "nccl" && !args.print_config) {
+    // NCCL needs a build that has it and a model on CUDA: refused here, once, rather than
+    // by every worker after the workers started.
+    std::optional<train::Checkpoint> ck;
+    bool out_dir_chosen = false;
+    train::DistributedOptions probe;
+    probe.backend = train::DistBackend::nccl;
+    probe.device = train::resolve_device(run_config_of(args, ck, out_dir_chosen).device, 0);
+    train::resolve_backend(probe);
+  }
+  if (args.nproc > 1 && !args.print_config) return launch_workers(args);
+  std::optional<train::DistributedOptions> dist = train::distributed_from_environment();
+  const bool lead = !dist || dist->rank == 0;
+  if (!lead) logger()->set_level(spdlog::level::warn);  // rank 0 speaks for the job
+  std::optional<train::Checkpoint> ck;
+  bool out_dir_chosen = false;
+  RunConfig cfg = run_config_of(args, ck, out_dir_chosen);
   if (args.print_config) {
     std::cout << to_toml(cfg);
     return 0;
@@ -866,6 +878,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{"tinylm: train, evaluate and sample tiny transformer language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tinylm ") + TINYLM_VERSION_STRING + ": " +
+                                        TINYLM_BUILD_DESCRIPTION);
   app.fallthrough();  // --log-level works after the subcommand too
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
@@ -984,6 +998,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, like every other error: what is wrong, and where the options are listed.
