@@ -1,13 +1,4 @@
-// Catch2 runner. The library's progress logs are silenced to warnings in tests.
-#define CATCH_CONFIG_RUNNER
-#include "catch_compat.h"
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
+// The unit tests' program: ctest runs it once per test file (`-# [#test_attention]`).
+#include "runner.h"
 
-int main(int argc, char* argv[]) {
-  auto log = std::make_shared<spdlog::logger>("tinylm",
-                                              std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  log->set_level(spdlog::level::warn);
-  spdlog::register_logger(log);
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char* argv[]) { return tinylm::test::run_catch(argc, argv); }

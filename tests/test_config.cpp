@@ -1,7 +1,9 @@
+// src/config.cpp: the run config: defaults, TOML in and out, and validation.
 #include "test_util.h"
 
 #include <tinylm/config.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -100,4 +102,28 @@ TEST_CASE("every shipped config file parses and validates", "[config][configs]")
     ++n;
   }
   CHECK(n >= 5);
+}
+
+TEST_CASE("settings whose products overflow or that are not finite are refused", "[config][errors]") {
+  RunConfig c;
+  c.epochs = 4611686018427387904;  // 2^62
+  c.steps_per_epoch = 4;
+  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("overflows the step counter"));
+  c = RunConfig{};
+  c.grad_accum = 1000000000000000000;
+  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("overflows the token counter"));
+  c = RunConfig{};
+  c.weight_decay = INFINITY;
+  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("weight-decay must be a finite number"));
+  c = RunConfig{};
+  c.grad_clip = NAN;
+  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("grad-clip must be a finite number"));
+}
+
+TEST_CASE("config keys with control characters are shown escaped on one line", "[config][errors]") {
+  RunConfig c;
+  const std::string msg = error_message([&] { apply_toml(c, "\"a\\nb\\u001b[31m\" = 1\n", "x.toml"); });
+  CHECK_THAT(msg, Catch::Contains("unknown key 'a\\x0Ab\\x1B[31m'"));
+  CHECK(msg.find('\n') == std::string::npos);
+  CHECK(msg.find('\x1b') == std::string::npos);
 }

@@ -1,10 +1,13 @@
+// src/generate.cpp: sampling, the KV cache, and what generate() refuses.
 #include "test_util.h"
 
 #include <tinylm/generate.h>
+#include <tinylm/nn/model.h>
 
 using namespace tinylm;
 using namespace tinylm::nn;
 using tinylm::test::error_message;
+using tinylm::test::max_abs_diff;
 
 namespace {
 TransformerLM small_model() {
@@ -113,4 +116,45 @@ TEST_CASE("generate rejects bad options and prompts", "[generate][errors]") {
              Catch::Contains("token ids must be in [0, 30)"));
   CHECK_THAT(error_message([&] { generate(*model, torch::zeros({2}, torch::kLong), o); }),
              Catch::Contains("prompt must be (B, T)"));
+}
+
+TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputation",
+          "[generate][kvcache]") {
+  torch::manual_seed(11);
+  TransformerLM model(TransformerLMOptions(50, 16, 32, 4, 2));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto ids = torch::randint(50, {2, 10}, torch::kLong);
+  KVCache cache;
+  auto first = model->forward_cached(ids.narrow(1, 0, 6), cache);   // 6 tokens at once
+  auto rest = model->forward_cached(ids.narrow(1, 6, 4), cache);    // then 4 more
+  auto full = model->forward(ids).logits;
+  CHECK(cache.length == 10);
+  CHECK(max_abs_diff(torch::cat({first, rest}, 1), full) < 1e-4);
+
+  TinyAttentionLM tiny(TinyAttentionLMOptions(50, 12, 16, 4));
+  KVCache tc;
+  auto t1 = tiny->forward_cached(ids.narrow(1, 0, 9), tc);
+  auto t2 = tiny->forward_cached(ids.narrow(1, 9, 1), tc);
+  CHECK(max_abs_diff(torch::cat({t1, t2}, 1), tiny->forward(ids).logits) < 1e-4);
+
+  // Generation: same tokens with and without the cache, also past the context (16).
+  GenerateOptions o;
+  o.max_new_tokens = 30;
+  o.seed = 5;
+  o.use_kv_cache = true;
+  auto with_cache = generate(*model, ids.narrow(1, 0, 3), o);
+  o.use_kv_cache = false;
+  auto without = generate(*model, ids.narrow(1, 0, 3), o);
+  CHECK(torch::equal(with_cache, without));
+}
+
+TEST_CASE("a tiny temperature samples the most likely token instead of failing", "[generate]") {
+  auto logits = torch::tensor({{1.0f, 3.0f, 2.0f, -50.0f}});
+  GenerateOptions o;
+  o.temperature = 1e-300;  // valid (> 0), below float's smallest number
+  auto p = sampling_probabilities(logits, o);
+  CHECK_FALSE(torch::isnan(p).any().item<bool>());
+  CHECK(p[0][1].item<float>() == 1.0f);
+  CHECK(p.sum().item<float>() == Approx(1.0f));
 }

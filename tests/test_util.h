@@ -1,11 +1,21 @@
-// Helpers shared by the tests.
+// Helpers shared by the tests. The test files are compiled in combined translation units
+// (TINYLM_UNITY_BUILD), so a helper two files need lives here, never in both.
 #pragma once
 
 #include "catch_compat.h"
 #include <torch/torch.h>
 
+#include <tinylm/data/token_file.h>
+#include <tinylm/nn/cpu_kernels.h>
+#include <tinylm/nn/model.h>
+
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace tinylm::test {
 
@@ -23,6 +33,7 @@ std::string error_message(F&& f) {
 }
 
 /// An empty scratch directory for one test: $TMPDIR/tinylm_test_<name>, emptied first.
+/// ctest runs test files in parallel: every test gives its own name.
 inline std::filesystem::path scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("tinylm_test_" + name);
   std::filesystem::remove_all(dir);
@@ -34,5 +45,106 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
+
+// ---- files ---------------------------------------------------------------------------
+
+/// A file's bytes ("" when it cannot be opened).
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Writes `bytes` to `path`, replacing what was there.
+inline void write_file(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// ---- corpora and token files -----------------------------------------------------------
+
+/// A small English-like corpus: lines of words, some blank lines, some non-ASCII.
+inline std::string corpus(int lines) {
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to",
+                         "café", "naïve", "über", "fish", "swam", "in", "sea", "sun", "rose", "—"};
+  std::string out;
+  uint64_t x = 12345;
+  for (int i = 0; i < lines; ++i) {
+    const int n = 3 + static_cast<int>(i % 9);
+    for (int k = 0; k < n; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      out += (k ? " " : "") + std::string(words[(x >> 33) % 20]);
+    }
+    out += i % 7 == 6 ? "\n\n" : "\n";
+  }
+  return out;
+}
+
+/// Every token of a token file, in order.
+inline std::vector<int64_t> all_tokens(const data::TokenFile& f) {
+  std::vector<int64_t> ids(static_cast<size_t>(f.size()));
+  f.read(0, f.size(), ids.data());
+  return ids;
+}
+
+/// Every line of `part` is a line of `whole` (the held-out blocks are cut at lines).
+inline bool lines_of(const std::string& part, const std::string& whole) {
+  std::istringstream in(part);
+  std::string line;
+  while (std::getline(in, line))
+    if (whole.find(line) == std::string::npos) return false;
+  return true;
+}
+
+// ---- models ----------------------------------------------------------------------------
+
+/// A model of the user's own: a bigram table (each token predicts the next from itself).
+class BigramImpl : public nn::LanguageModelImpl {
+ public:
+  explicit BigramImpl(int64_t vocab) : vocab_(vocab) {
+    table = register_module("table", torch::nn::Linear(vocab, vocab));
+  }
+  nn::LMOutput forward(const torch::Tensor& ids, bool, const torch::Tensor&) override {
+    return {table(torch::one_hot(ids, vocab_).to(torch::kFloat32)), {}};
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t context_length() const override { return 1 << 20; }
+  torch::Tensor forward_cached(const torch::Tensor& ids, nn::KVCache&) override {
+    return forward(ids, false, {}).logits;
+  }
+  torch::nn::Linear table{nullptr};
+
+ private:
+  int64_t vocab_;
+};
+
+// ---- CPU kernels -------------------------------------------------------------------------
+
+/// The instruction sets of tinylm's loops that run here (generic always; avx2 where the
+/// CPU and the build have it), each set for the life of a KernelGuard.
+inline std::vector<nn::CpuIsa> runnable_isas() {
+  std::vector<nn::CpuIsa> v = {nn::CpuIsa::generic};
+  if (nn::cpu_isa_available(nn::CpuIsa::avx2)) v.push_back(nn::CpuIsa::avx2);
+  return v;
+}
+
+/// The product backends that run here.
+inline std::vector<nn::GemmBackend> runnable_backends() {
+  std::vector<nn::GemmBackend> v = {nn::GemmBackend::blas, nn::GemmBackend::hand};
+  if (nn::gemm_backend_available(nn::GemmBackend::libxsmm)) v.push_back(nn::GemmBackend::libxsmm);
+  return v;
+}
+
+/// Sets the loops' instruction set and the product backend; back to automatic on exit.
+struct KernelGuard {
+  explicit KernelGuard(nn::CpuIsa isa, nn::GemmBackend backend = nn::GemmBackend::automatic) {
+    nn::set_cpu_isa(isa);
+    nn::set_gemm_backend(backend);
+  }
+  ~KernelGuard() {
+    nn::set_cpu_isa(nn::CpuIsa::automatic);
+    nn::set_gemm_backend(nn::GemmBackend::automatic);
+  }
+  KernelGuard(const KernelGuard&) = delete;
+  KernelGuard& operator=(const KernelGuard&) = delete;
+};
 
 }  // namespace tinylm::test

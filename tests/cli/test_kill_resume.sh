@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 args=(--model transformer --d-model 32 --n-heads 4 --n-layers 2 --dropout 0.1
       --optimizer adamw --weight-decay 0.1 --lr-schedule cosine --warmup-steps 20
-      --epochs 2 --steps-per-epoch 1000 --save-every 25 --log-every 1 --eval-every 500
+      --epochs 2 --steps-per-epoch 300 --save-every 25 --log-every 1 --eval-every 150
       --eval-batches 2 --device cpu)
 
 "$tinylm" train "${args[@]}" --out-dir full > full.log 2>&1 || fail "uninterrupted run failed"
@@ -22,7 +22,7 @@ kill -9 "$pid"
 wait "$pid"
 rc=$?
 [ "$rc" -eq 137 ] || fail "the run was not killed mid-way (exit $rc)"
-[ -f killed/step-00002000.ckpt ] && fail "the run finished before it was killed"
+[ -f killed/step-00000600.ckpt ] && fail "the run finished before it was killed"
 for ck in killed/step-*.ckpt; do
   "$tinylm" eval "$ck" --batches 1 > /dev/null 2>&1 || fail "checkpoint $ck does not load after kill -9"
 done
@@ -34,12 +34,12 @@ grep -q "resumed from" resumed.log || fail "resume did not say where it resumed 
 losses() { grep '"type":"train"' "$1" | sed 's/,"tokens_per_s".*//'; }
 losses full/metrics.jsonl > full.txt
 losses killed/metrics.jsonl > resumed.txt
-[ "$(wc -l < full.txt)" -eq 2000 ] || fail "uninterrupted run logged $(wc -l < full.txt) steps, expected 2000"
+[ "$(wc -l < full.txt)" -eq 600 ] || fail "uninterrupted run logged $(wc -l < full.txt) steps, expected 600"
 if ! diff -q full.txt resumed.txt > /dev/null; then
   diff full.txt resumed.txt | head -n 6
   fail "losses after resume differ from the uninterrupted run"
 fi
-echo "ok: 2000 per-step losses identical; final $(tail -n 1 resumed.txt)"
+echo "ok: 600 per-step losses identical; final $(tail -n 1 resumed.txt)"
 
 # SIGTERM: saves a checkpoint of the current step and exits with 130.
 "$tinylm" train "${args[@]}" --out-dir term > term.log 2>&1 &

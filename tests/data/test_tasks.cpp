@@ -1,3 +1,4 @@
+// src/data/tasks.cpp: the synthetic tasks (repeat, copy, reverse, sort) and the text task.
 #include "../test_util.h"
 
 #include <tinylm/run.h>
@@ -12,6 +13,19 @@
 using namespace tinylm;
 using namespace tinylm::data;
 using tinylm::test::error_message;
+
+TEST_CASE("repeat task: each row is one id repeated, targets are inputs shifted",
+          "[data][repeat]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto b = data::repeat_batch(16, 10, 32, gen);
+  CHECK(b.inputs.sizes() == torch::IntArrayRef({16, 10}));
+  CHECK(torch::equal(b.inputs, b.targets));  // one id per row: shifting changes nothing
+  CHECK(torch::equal(b.inputs, b.inputs.select(1, 0).unsqueeze(1).expand({16, 10})));
+  CHECK(b.inputs.max().item<int64_t>() < 32);
+  CHECK(torch::bincount(b.inputs.select(1, 0)).gt(0).sum().item<int64_t>() > 4);  // rows differ
+  auto again = at::make_generator<at::CPUGeneratorImpl>(3);
+  CHECK(torch::equal(data::repeat_batch(16, 10, 32, again).inputs, b.inputs));
+}
 
 TEST_CASE("copy, reverse and sort rows: prefix, transformed prefix, scored second half",
           "[data][tasks]") {
@@ -28,20 +42,6 @@ TEST_CASE("copy, reverse and sort rows: prefix, transformed prefix, scored secon
   // scored: targets at positions >= h - 1 (they predict ids h..T)
   auto expected = (torch::arange(T) >= h - 1).unsqueeze(0).expand({32, T});
   CHECK(torch::equal(b.scored, expected));
-}
-
-TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
-  RunConfig c;
-  for (const char* name : {"repeat", "copy", "reverse", "sort"}) {
-    c.task = name;
-    auto task = make_task(c);
-    CHECK(task->name() == name);
-    CHECK(task->vocab_size() == 64);
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    auto b = task->sample(4, Split::train, gen);
-    CHECK(b.inputs.sizes() == torch::IntArrayRef({4, 12}));
-    CHECK(b.inputs.max().item<int64_t>() < 64);
-  }
 }
 
 TEST_CASE("synthetic prompts are ids, bad ones are refused", "[data][tasks][errors]") {

@@ -1,7 +1,13 @@
+// src/nn/attention.cpp: self-attention: shapes, causal and padding masks, dropout, SDPA.
 #include "../test_util.h"
 
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/model.h>
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <tuple>
 
 using namespace tinylm::nn;
 using tinylm::test::error_message;
@@ -205,3 +211,63 @@ TEST_CASE(".to(dtype) converts the buffers and forward still works", "[nn][atten
   CHECK(r.output.scalar_type() == torch::kFloat64);
   CHECK(torch::allclose(r.weights.sum(-1), torch::ones({1, 2, 5}, torch::kFloat64), 0, 1e-9));
 }
+
+// ---- SDPA (LibTorch >= 2) ----------------------------------------------------------------
+
+#if TORCH_VERSION_MAJOR >= 2
+TEST_CASE("SDPA attention equals the step-by-step path, forward and every gradient",
+          "[nn][attention][sdpa]") {
+  // LibTorch >= 2 only (this test is compiled there): at::scaled_dot_product_attention
+  // through the module's kernel switch, against the plain path, at 1e-5.
+  const auto [B, T, D, H] = GENERATE(std::make_tuple(16, 12, 32, 4), std::make_tuple(2, 1, 8, 2),
+                                     std::make_tuple(3, 40, 48, 6));
+  const bool causal = GENERATE(true, false);
+  INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal);
+  REQUIRE(sdpa_available());
+  torch::manual_seed(B * 10 + T);
+  MultiHeadSelfAttention plain(
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::plain));
+  MultiHeadSelfAttention sdpa(
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::sdpa));
+  {
+    torch::NoGradGuard g;
+    auto src = plain->named_parameters();
+    for (auto& p : sdpa->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  auto x1 = torch::randn({B, T, D}, torch::requires_grad());
+  auto x2 = x1.detach().clone().requires_grad_(true);
+  auto a = plain(x1).output, b = sdpa(x2).output;
+  CHECK(max_abs_diff(a, b) < 1e-5);
+  auto w = torch::randn({B, T, D});
+  (a * w).sum().backward();
+  (b * w).sum().backward();
+  CHECK(max_abs_diff(x1.grad(), x2.grad()) < 1e-5);
+  auto pa = plain->named_parameters();
+  for (const auto& p : sdpa->named_parameters()) {
+    INFO(p.key());
+    CHECK(max_abs_diff(p.value().grad(), pa[p.key()].grad()) < 1e-5);
+  }
+}
+
+TEST_CASE("SDPA is chosen where it applies and steps aside where it does not",
+          "[nn][attention][sdpa]") {
+  MultiHeadSelfAttention attn(MultiHeadSelfAttentionOptions(8, 2, 8).kernel(AttentionKernel::sdpa));
+  auto x = torch::randn({2, 4, 8});
+  // Weights asked for or a padding mask: the step-by-step path gives them.
+  CHECK(attn(x, true).weights.sizes() == torch::IntArrayRef({2, 2, 4, 4}));
+  CHECK(attn(x, false, torch::ones({2, 4}, torch::kBool)).output.sizes() == x.sizes());
+  // Attention dropout goes through SDPA in training: outputs vary between calls.
+  MultiHeadSelfAttention dropped(
+      MultiHeadSelfAttentionOptions(8, 2, 8).attn_dropout(0.5).kernel(AttentionKernel::sdpa));
+  dropped->train();
+  CHECK_FALSE(torch::allclose(dropped(x).output, dropped(x).output));
+  dropped->eval();
+  CHECK(torch::allclose(dropped(x).output, dropped(x).output));
+}
+#else
+TEST_CASE("SDPA is reported unavailable before LibTorch 2", "[nn][attention][sdpa]") {
+  CHECK_FALSE(sdpa_available());
+  CHECK_THAT(tinylm::test::error_message([] { sdpa_self_attention(torch::zeros({1, 2, 6}), 2, true); }),
+             Catch::Contains("needs LibTorch 2.0 or later"));
+}
+#endif

@@ -1,3 +1,4 @@
+// src/nn/block.cpp: the feed-forward layer and the transformer block.
 #include "../test_util.h"
 
 #include <tinylm/nn/block.h>

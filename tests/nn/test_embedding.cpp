@@ -1,3 +1,4 @@
+// src/nn/embedding.cpp: token and position embeddings.
 #include "../test_util.h"
 
 #include <tinylm/nn/embedding.h>

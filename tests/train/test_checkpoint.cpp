@@ -1,7 +1,10 @@
+// src/train/checkpoint.cpp: round trips, earlier formats, and damaged files refused.
 #include "../test_util.h"
 
 #include "internal/system.h"
 
+#include <tinylm/data/tokenizer.h>
+#include <tinylm/nn/model.h>
 #include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/resources.h>
@@ -20,21 +23,15 @@
 using namespace tinylm;
 using namespace tinylm::train;
 using tinylm::test::error_message;
+using tinylm::test::read_file;
+using tinylm::test::scratch_dir;
+using tinylm::test::write_file;
 
 namespace fs = std::filesystem;
 
 namespace {
 
 fs::path scratch(const std::string& name) { return tinylm::test::scratch_dir("ckpt_" + name); }
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary) << bytes;
-}
 
 RunConfig small_transformer() {
   RunConfig c;
@@ -46,11 +43,6 @@ RunConfig small_transformer() {
 }
 
 }  // namespace
-
-TEST_CASE("CRC-32 matches the standard check value", "[checkpoint]") {
-  CHECK(internal::crc32("123456789", 9) == 0xCBF43926u);
-  CHECK(internal::crc32("", 0) == 0u);
-}
 
 TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[checkpoint]") {
   const auto dir = scratch("roundtrip");
@@ -85,14 +77,14 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
   Trainer trainer = make_trainer(c);
   const auto good = dir / "good.ckpt";
   trainer.save(good.string());
-  const std::string bytes = read_bytes(good);
+  const std::string bytes = read_file(good);
 
   SECTION("missing") {
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "none.ckpt").string()); }),
                Catch::Contains("does not exist"));
   }
   SECTION("foreign") {
-    write_bytes(dir / "f.ckpt", "PK\x03\x04 not ours");
+    write_file(dir / "f.ckpt", "PK\x03\x04 not ours");
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "f.ckpt").string()); }),
                Catch::Contains("is not a tinylm checkpoint"));
   }
@@ -102,24 +94,24 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
                Catch::Contains("is not a tinylm checkpoint"));
   }
   SECTION("truncated") {
-    write_bytes(dir / "t.ckpt", bytes.substr(0, bytes.size() / 2));
+    write_file(dir / "t.ckpt", bytes.substr(0, bytes.size() / 2));
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "t.ckpt").string()); }),
                Catch::Contains("is truncated: its header promises"));
-    write_bytes(dir / "h.ckpt", bytes.substr(0, 20));
+    write_file(dir / "h.ckpt", bytes.substr(0, 20));
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "h.ckpt").string()); }),
                Catch::Contains("shorter than its 32-byte header"));
   }
   SECTION("corrupt") {
     std::string flipped = bytes;
     flipped[flipped.size() / 2] ^= 0x40;
-    write_bytes(dir / "c.ckpt", flipped);
+    write_file(dir / "c.ckpt", flipped);
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "c.ckpt").string()); }),
                Catch::Contains("is corrupt: its checksum does not match"));
   }
   SECTION("newer format") {
     std::string newer = bytes;
     newer[8] = static_cast<char>(kCheckpointFormatVersion + 1);
-    write_bytes(dir / "n.ckpt", newer);
+    write_file(dir / "n.ckpt", newer);
     CHECK_THAT(error_message([&] { read_checkpoint((dir / "n.ckpt").string()); }),
                Catch::Contains("upgrade tinylm to read it"));
   }
@@ -146,13 +138,27 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
 TEST_CASE("resolve_checkpoint_path picks the newest step in a run directory", "[checkpoint]") {
   const auto dir = scratch("resolve");
   for (const char* name : {"step-00000010.ckpt", "step-00000200.ckpt", "step-00000030.ckpt", "best.ckpt"})
-    write_bytes(dir / name, "x");
+    write_file(dir / name, "x");
   CHECK(fs::path(resolve_checkpoint_path(dir.string())).filename() == "step-00000200.ckpt");
   CHECK(resolve_checkpoint_path("file.ckpt") == "file.ckpt");
   fs::remove_all(dir);
   fs::create_directories(dir);
   CHECK_THAT(error_message([&] { resolve_checkpoint_path(dir.string()); }),
              Catch::Contains("holds no step-*.ckpt checkpoint"));
+}
+
+TEST_CASE("a checkpoint carries its tokenizer") {
+  const auto dir = scratch_dir("checkpoint_tokenizer");
+  auto model = nn::build_model(nn::architecture_of(nn::TinyAttentionLMOptions(256, 8, 16, 2)));
+  train::TrainingState state;
+  const auto with = (dir / "with.ckpt").string(), without = (dir / "without.ckpt").string();
+  train::save_checkpoint(with, *model, nullptr, state, "", data::byte_tokenizer().get());
+  train::save_checkpoint(without, *model, nullptr, state, "");
+  auto tok = train::checkpoint_tokenizer(train::read_checkpoint(with));
+  REQUIRE(tok);
+  CHECK(tok->kind() == "byte");
+  CHECK(tok->decode(tok->encode("abc")) == "abc");
+  CHECK_FALSE(train::checkpoint_tokenizer(train::read_checkpoint(without)));
 }
 
 // ---- earlier formats: the fixtures ----------------------------------------------------
@@ -254,7 +260,7 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   Trainer trainer = make_trainer(c);
   trainer.train_step();
   trainer.save((dir / "now.ckpt").string());
-  const std::string good = read_bytes(dir / "now.ckpt");
+  const std::string good = read_file(dir / "now.ckpt");
   const std::string payload = good.substr(32);
   const uint64_t n = index_length(payload);
   auto index = nlohmann::json::parse(payload.substr(8, n));
@@ -275,7 +281,7 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   std::string rebuilt(8, '\0');
   for (int i = 0; i < 8; ++i) rebuilt[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
   rebuilt += json + data;
-  write_bytes(dir / "future.ckpt", with_header(good, rebuilt));
+  write_file(dir / "future.ckpt", with_header(good, rebuilt));
 
   auto ck = read_checkpoint((dir / "future.ckpt").string());
   CHECK(ck.state.step == 1);
@@ -303,7 +309,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   trainer.train_step();
   trainer.train_step();
   trainer.save((dir / "good.ckpt").string());
-  const std::string good = read_bytes(dir / "good.ckpt");
+  const std::string good = read_file(dir / "good.ckpt");
   const std::string payload = good.substr(32);
   const uint64_t index_len = index_length(payload);
   REQUIRE(index_len < payload.size());
@@ -324,7 +330,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
         for (int k = 0; k < 4; ++k) p[pick(span)] = "{}[]\",:0-9e"[pick(11)];
     }
     const auto file = dir / "mutant.ckpt";
-    write_bytes(file, with_header(good, p));
+    write_file(file, with_header(good, p));
     try {
       auto ck = read_checkpoint(file.string());
       check_memory(config_from_checkpoint(ck), 1, /*training=*/false);

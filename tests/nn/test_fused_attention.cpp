@@ -1,0 +1,121 @@
+// src/nn/fused_attention.cpp: the fused CPU attention kernel equals the step-by-step path.
+#include "../test_util.h"
+
+#include <tinylm/nn/attention.h>
+#include <tinylm/nn/cpu_kernels.h>
+
+#include "nn/fused_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+using namespace tinylm::nn;
+using tinylm::test::KernelGuard;
+using tinylm::test::max_abs_diff;
+using tinylm::test::runnable_isas;
+
+TEST_CASE("fused attention equals the step-by-step path, forward and backward",
+          "[nn][attention][fused]") {
+  const auto [B, T, D, H] = GENERATE(std::make_tuple(16, 12, 32, 4), std::make_tuple(2, 1, 8, 2),
+                                     std::make_tuple(3, 33, 48, 6), std::make_tuple(1, 64, 64, 1),
+                                     std::make_tuple(2, 9, 30, 3), std::make_tuple(1, 31, 20, 2));
+  const bool causal = GENERATE(true, false);
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal << " loops "
+            << to_string(isa));
+  KernelGuard kernels(isa);
+  torch::manual_seed(B * 100 + T);
+  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
+  MultiHeadSelfAttention fused(
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused));
+  {
+    torch::NoGradGuard g;
+    auto src = plain->named_parameters();
+    for (auto& p : fused->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  auto x1 = torch::randn({B, T, D}, torch::requires_grad());
+  auto x2 = x1.detach().clone().requires_grad_(true);
+  auto a = plain(x1, true), b = fused(x2);  // the fused kernel: no weights asked for
+  CHECK(max_abs_diff(a.output, b.output) < 1e-5);
+  {
+    torch::NoGradGuard no_grad;  // weights without autograd come from the fused kernel too
+    CHECK(max_abs_diff(a.weights, fused(x2, true).weights) < 1e-6);
+  }
+  auto w = torch::randn({B, T, D});  // a random upstream gradient
+  (a.output * w).sum().backward();
+  (b.output * w).sum().backward();
+  CHECK(max_abs_diff(x1.grad(), x2.grad()) < 1e-5);
+  CHECK(max_abs_diff(plain->qkv_proj->weight.grad(), fused->qkv_proj->weight.grad()) < 1e-4);
+  CHECK(max_abs_diff(plain->qkv_proj->bias.grad(), fused->qkv_proj->bias.grad()) < 1e-4);
+  CHECK(max_abs_diff(plain->out_proj->weight.grad(), fused->out_proj->weight.grad()) < 1e-4);
+}
+
+TEST_CASE("fused attention gradients match finite differences",
+          "[nn][attention][fused]") {
+  // The kernel is float32-only; check its gradient against finite differences of itself.
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  const bool causal = GENERATE(true, false);
+  INFO("loops " << to_string(isa) << " causal " << causal);
+  KernelGuard kernels(isa);
+  torch::manual_seed(7);
+  auto qkv = torch::randn({2, 5, 12});
+  auto w = torch::randn({2, 5, 4});
+  auto f = [&](const torch::Tensor& in) { return (fused_self_attention(in, 2, causal) * w).sum(); };
+  auto x = qkv.clone().requires_grad_(true);
+  f(x).backward();
+  auto analytic = x.grad();
+  const float h = 1e-2f;
+  double worst = 0;
+  for (int64_t i = 0; i < qkv.numel(); i += 3) {
+    auto plus = qkv.clone(), minus = qkv.clone();
+    plus.view({-1})[i] += h;
+    minus.view({-1})[i] -= h;
+    const double numeric = (f(plus).item<double>() - f(minus).item<double>()) / (2 * h);
+    worst = std::max(worst, std::abs(numeric - analytic.view({-1})[i].item<double>()));
+  }
+  INFO("largest |numeric - analytic| " << worst);
+  CHECK(worst < 2e-3);
+}
+
+TEST_CASE("attention weights asked for with autograd on carry gradients on every path",
+          "[nn][attention][fused]") {
+  // A loss on the weights themselves (an attention penalty, a distillation target) must
+  // reach the parameters: the fused kernel's weights are not differentiable, so asking
+  // for weights with grad mode on takes the step-by-step path.
+  const int64_t T = GENERATE(12, 40);  // the loop kernel and the batched-BLAS kernel
+  torch::manual_seed(T);
+  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(16, 4, 64).fused(false));
+  MultiHeadSelfAttention fused(MultiHeadSelfAttentionOptions(16, 4, 64));
+  {
+    torch::NoGradGuard g;
+    auto src = plain->named_parameters();
+    for (auto& p : fused->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  auto x = torch::randn({3, T, 16});
+  auto target = torch::rand({3, 4, T, T});
+  auto loss_of = [&](MultiHeadSelfAttention& m) {
+    auto out = m(x, /*return_weights=*/true);
+    REQUIRE(out.weights.requires_grad());
+    return (out.weights * target).sum() + 0.1 * out.output.sum();
+  };
+  loss_of(plain).backward();
+  loss_of(fused).backward();
+  const double g = fused->qkv_proj->weight.grad().abs().max().item<double>();
+  INFO("largest |dL/dWqkv| " << g);
+  CHECK(g > 1e-3);  // the weights' term reached the projection
+  CHECK(max_abs_diff(plain->qkv_proj->weight.grad(), fused->qkv_proj->weight.grad()) < 1e-5);
+  CHECK(max_abs_diff(plain->qkv_proj->bias.grad(), fused->qkv_proj->bias.grad()) < 1e-5);
+}
+
+TEST_CASE("fused attention is used only where it applies", "[nn][attention][fused]") {
+  CHECK(fused_attention_supported(torch::zeros({1, 2, 6})));
+  CHECK_FALSE(fused_attention_supported(torch::zeros({1, 2, 6}, torch::kFloat64)));
+  // With a padding mask or attention dropout the plain path runs and still gives weights.
+  MultiHeadSelfAttention attn(MultiHeadSelfAttentionOptions(8, 2, 8).attn_dropout(0.5));
+  auto x = torch::randn({1, 4, 8});
+  attn->train();
+  CHECK(attn(x, true).weights.defined());
+  attn->eval();
+  CHECK(attn(x, true, torch::ones({1, 4}, torch::kBool)).weights.sizes() == torch::IntArrayRef({1, 2, 4, 4}));
+}

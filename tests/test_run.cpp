@@ -1,0 +1,211 @@
+// src/run.cpp: the model, task, trainer options and Trainer of a run config; a checkpoint's config.
+#include "test_util.h"
+
+#include <tinylm/config.h>
+#include <tinylm/data/prepare.h>
+#include <tinylm/data/tasks.h>
+#include <tinylm/nn/attention.h>
+#include <tinylm/nn/model.h>
+#include <tinylm/run.h>
+#include <tinylm/train/checkpoint.h>
+#include <tinylm/train/trainer.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <string>
+
+using namespace tinylm;
+using tinylm::test::error_message;
+
+TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
+  RunConfig c;
+  for (const char* name : {"repeat", "copy", "reverse", "sort"}) {
+    c.task = name;
+    auto task = make_task(c);
+    CHECK(task->name() == name);
+    CHECK(task->vocab_size() == 64);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+    auto b = task->sample(4, data::Split::train, gen);
+    CHECK(b.inputs.sizes() == torch::IntArrayRef({4, 12}));
+    CHECK(b.inputs.max().item<int64_t>() < 64);
+  }
+}
+
+TEST_CASE("model_architecture carries the config's model settings", "[run]") {
+  RunConfig c;
+  c.context_length = 20;
+  c.fused_attention = false;
+  auto tiny = model_architecture(c);
+  CHECK(tiny.kind == "tiny");
+  CHECK(tiny.options == nn::architecture_of(nn::TinyAttentionLMOptions(64, 20, 32, 4)
+                                                .attention_kernel(nn::AttentionKernel::plain)).options);
+  CHECK(tiny.options.at("context_length") == "20");
+  CHECK(tiny.options.at("attention_kernel") == nn::to_string(nn::AttentionKernel::plain));
+  c.fused_attention = true;
+  CHECK(model_architecture(c).options.at("attention_kernel") == nn::to_string(nn::AttentionKernel::automatic));
+
+  c.model = "transformer";
+  c.context_length = 0;  // = seq-len
+  c.seq_len = 10;
+  c.n_layers = 3;
+  c.mlp_expansion = 2;
+  c.dropout = 0.25;
+  c.attn_dropout = 0.125;
+  c.bias = false;
+  c.pre_ln = false;
+  c.activation = "gelu";
+  c.tie_weights = false;
+  c.positions = "sinusoidal";
+  auto deep = model_architecture(c);
+  CHECK(deep.kind == "transformer");
+  CHECK(deep.options == nn::architecture_of(nn::TransformerLMOptions(64, 10, 32, 4, 3)
+                                                .mlp_expansion(2)
+                                                .dropout(0.25)
+                                                .attn_dropout(0.125)
+                                                .bias(false)
+                                                .pre_ln(false)
+                                                .activation(nn::Activation::gelu)
+                                                .tie_weights(false)
+                                                .positions(nn::PositionEncoding::sinusoidal))
+                            .options);
+  c.model = "mamba";
+  CHECK_THAT(error_message([&] { model_architecture(c); }),
+             Catch::Contains("unknown model 'mamba': use tiny or transformer"));
+}
+
+TEST_CASE("build_model draws the run seed's weights and leaves the global generator alone", "[run]") {
+  RunConfig c;
+  c.model = "transformer";
+  c.seed = 7;
+  // The reference run seeds LibTorch's generator with the run seed, then builds.
+  torch::manual_seed(7);
+  const auto reference = nn::build_model(model_architecture(c));
+  torch::manual_seed(123);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(123);
+  const auto a = build_model(c), b = build_model(c);
+  CHECK(torch::equal(torch::rand({4}), expected));  // the global generator went on as if untouched
+  const auto pa = a->named_parameters(), pb = b->named_parameters(), pr = reference->named_parameters();
+  REQUIRE(pa.size() == pr.size());
+  for (const auto& p : pa) {
+    INFO(p.key());
+    CHECK(torch::equal(p.value(), pb[p.key()]));
+    CHECK(torch::equal(p.value(), pr[p.key()]));
+  }
+  c.seed = 8;
+  CHECK_FALSE(torch::equal(build_model(c)->named_parameters()["token_embedding.weight"],
+                           pa["token_embedding.weight"]));
+  c.n_heads = 5;  // the config is validated first
+  CHECK_THAT(error_message([&] { build_model(c); }), Catch::Contains("d-model 32 must be divisible by n-heads 5"));
+}
+
+TEST_CASE("trainer_options carry every training setting of the config, and the config as the recipe",
+          "[run]") {
+  RunConfig c;
+  c.optimizer = "adamw";
+  c.lr = 1e-3;
+  c.beta1 = 0.8;
+  c.beta2 = 0.98;
+  c.weight_decay = 0.1;
+  c.fused_optimizer = false;
+  c.lr_schedule = "cosine";
+  c.warmup_steps = 5;
+  c.min_lr_ratio = 0.2;
+  c.batch_size = 8;
+  c.epochs = 2;
+  c.steps_per_epoch = 7;
+  c.grad_accum = 3;
+  c.grad_clip = 0.5;
+  c.seed = 9;
+  c.device = "cpu";
+  c.log_every = 3;
+  c.eval_every = 4;
+  c.eval_batches = 2;
+  c.out_dir = "some/dir";
+  c.save_every = 6;
+  c.keep_last = 4;
+  c.stop_when_solved = true;
+  c.solve_loss = 0.2;
+  const auto o = trainer_options(c);
+  CHECK(o.optimizer().kind() == train::OptimizerKind::adamw);
+  CHECK(o.optimizer().lr() == 1e-3);
+  CHECK(o.optimizer().beta1() == 0.8);
+  CHECK(o.optimizer().beta2() == 0.98);
+  CHECK(o.optimizer().weight_decay() == 0.1);
+  CHECK_FALSE(o.optimizer().flat());
+  CHECK(o.schedule().kind() == train::LRSchedule::cosine);
+  CHECK(o.schedule().warmup_steps() == 5);
+  CHECK(o.schedule().min_lr_ratio() == 0.2);
+  CHECK(o.batch_size() == 8);
+  CHECK(o.epochs() == 2);
+  CHECK(o.steps_per_epoch() == 7);
+  CHECK(o.grad_accum() == 3);
+  CHECK(o.grad_clip() == 0.5);
+  CHECK(o.seed() == 9);
+  CHECK(o.device().is_cpu());
+  CHECK(o.log_every() == 3);
+  CHECK(o.eval_every() == 4);
+  CHECK(o.eval_batches() == 2);
+  CHECK(o.out_dir() == "some/dir");
+  CHECK(o.save_every() == 6);
+  CHECK(o.keep_last() == 4);
+  CHECK(o.stop_when_solved());
+  CHECK(o.solve_loss() == 0.2);
+  CHECK(o.recipe() == to_toml(c));
+  RunConfig back;
+  apply_toml(back, o.recipe(), "recipe");
+  CHECK(to_toml(back) == to_toml(c));
+  // The defaults: Adam on the flat buffer, a constant rate.
+  const auto d = trainer_options(RunConfig{});
+  CHECK(d.optimizer().kind() == train::OptimizerKind::adam);
+  CHECK(d.optimizer().flat());
+  CHECK(d.schedule().kind() == train::LRSchedule::constant);
+  c.lr = 0;
+  CHECK_THAT(error_message([&] { trainer_options(c); }), Catch::Contains("lr must be > 0, got 0"));
+}
+
+TEST_CASE("make_trainer builds the config's run and refuses a task of another vocabulary or bf16 on a CPU",
+          "[run][errors]") {
+  const auto dir = tinylm::test::scratch_dir("run_make_trainer");
+  tinylm::test::write_file(dir / "c.txt", tinylm::test::corpus(400));
+  data::PrepareOptions p;
+  p.inputs = {(dir / "c.txt").string()};
+  p.tokenizer = "byte";
+  p.out_dir = (dir / "corpus").string();
+  data::prepare(p);
+
+  RunConfig c;
+  c.task = "tokens";
+  c.data = p.out_dir;
+  c.device = "cpu";
+  c.out_dir = (dir / "run").string();
+  CHECK_THAT(error_message([&] { make_trainer(c); }),
+             Catch::Contains("task tokens has vocab 256 but vocab-size is 64: set vocab-size = 256"));
+  c.vocab_size = 256;
+  auto trainer = make_trainer(c);
+  CHECK(trainer.model()->vocab_size() == 256);
+  CHECK(trainer.model()->architecture().options == model_architecture(c).options);
+  CHECK(std::isfinite(trainer.train_step()));
+
+  c.bf16 = true;
+  CHECK_THAT(error_message([&] { make_trainer(c); }),
+             Catch::Contains("bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda"));
+}
+
+TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this tinylm does not know",
+          "[run][checkpoint]") {
+  RunConfig c;
+  c.model = "transformer";
+  c.n_layers = 3;
+  c.lr = 1e-3;
+  train::Checkpoint ck;
+  ck.path = "stored.ckpt";
+  ck.recipe = to_toml(c) + "\nrotary-base = 10000\n";  // a key from a later tinylm
+  CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
+  ck.recipe = "lr = 0\n";  // the result is validated
+  CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }), Catch::Contains("lr must be > 0, got 0"));
+  ck.recipe = "epochs = \"three\"\n";
+  CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }),
+             Catch::Contains("stored.ckpt (stored config)") && Catch::Contains("'epochs' must be an integer"));
+}

@@ -1,0 +1,112 @@
+// src/train/run_directory.cpp: one run per directory, and nothing in it lost.
+#include "../test_util.h"
+
+#include <tinylm/run.h>
+#include <tinylm/train/run_directory.h>
+#include <tinylm/train/trainer.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+
+using namespace tinylm;
+using namespace tinylm::train;
+using tinylm::test::error_message;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path run_dir_scratch(const std::string& name) { return tinylm::test::scratch_dir("safety_" + name); }
+
+/// Every file in `dir` with its bytes.
+std::map<std::string, std::string> run_dir_snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files[e.path().filename().string()] = tinylm::test::read_file(e.path());
+  return files;
+}
+
+/// A short run (4 steps an epoch) writing into `dir`.
+RunConfig run_dir_config(const fs::path& dir) {
+  RunConfig c;
+  c.out_dir = dir.string();
+  c.steps_per_epoch = 4;
+  c.log_every = 1000;
+  c.eval_batches = 1;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a run directory holding another run is refused and left byte-identical",
+          "[run][errors]") {
+  const auto dir = run_dir_scratch("taken");
+  make_trainer(run_dir_config(dir)).fit();
+  const auto before = run_dir_snapshot(dir);
+  REQUIRE(before.count("metrics.jsonl") == 1);
+  CHECK_THAT(error_message([&] { make_trainer(run_dir_config(dir)).fit(); }),
+             Catch::Contains("already holds a run") && Catch::Contains("newest step-00000012.ckpt"));
+  CHECK(run_dir_snapshot(dir) == before);
+  CHECK_THAT(error_message([&] { RunDirectory(dir.string(), RunDirMode::fresh); }),
+             Catch::Contains("already holds a run"));
+  CHECK(run_dir_snapshot(dir) == before);
+}
+
+TEST_CASE("a second claim on a run directory fails at once, naming the holder's pid",
+          "[run][errors]") {
+  const auto dir = run_dir_scratch("locked");
+  RunDirectory first((dir / "run").string(), RunDirMode::fresh);
+  CHECK_THAT(error_message([&] { RunDirectory((dir / "run").string(), RunDirMode::fresh); }),
+             Catch::Contains("is in use by another training process (pid " + std::to_string(::getpid()) + ")"));
+  CHECK_THAT(error_message([&] { RunDirectory((dir / "run").string(), RunDirMode::resume, 10); }),
+             Catch::Contains("is in use"));
+}
+
+TEST_CASE("resuming never overwrites checkpoints past the resumed step", "[run][errors]") {
+  const auto dir = run_dir_scratch("later");
+  std::ofstream(dir / "step-00000020.ckpt") << "x";
+  std::ofstream(dir / "step-00000010.ckpt") << "y";
+  CHECK_THAT(error_message([&] { RunDirectory(dir.string(), RunDirMode::resume, 10); }),
+             Catch::Contains("holds step-00000020.ckpt, past the step 10 being resumed"));
+  RunDirectory ok(dir.string(), RunDirMode::resume, 20);
+  CHECK(fs::exists(dir / "step-00000020.ckpt"));
+}
+
+TEST_CASE("overwrite removes the earlier run's files only", "[run]") {
+  const auto dir = run_dir_scratch("overwrite");
+  for (const char* name : {"step-00000004.ckpt", "best.ckpt", "metrics.jsonl", "notes.txt"})
+    std::ofstream(dir / name) << name;
+  RunDirectory claim(dir.string(), RunDirMode::overwrite);
+  CHECK(RunDirectory::run_files(dir.string()).empty());
+  CHECK(fs::exists(dir / "notes.txt"));  // not tinylm's: untouched
+}
+
+TEST_CASE("partial checkpoints of a killed run are removed when the directory is claimed",
+          "[run]") {
+  const auto dir = run_dir_scratch("partial");
+  std::ofstream(dir / "step-00000008.ckpt") << "kept";
+  std::ofstream(dir / "step-00000012.ckpt.tmp.4242") << "half";
+  std::ofstream(dir / "best.ckpt.tmp.17") << "half";
+  std::ofstream(dir / "notes.tmp.1") << "not ours";
+  RunDirectory claim(dir.string(), RunDirMode::resume, 8);
+  CHECK_FALSE(fs::exists(dir / "step-00000012.ckpt.tmp.4242"));
+  CHECK_FALSE(fs::exists(dir / "best.ckpt.tmp.17"));
+  CHECK(fs::exists(dir / "step-00000008.ckpt"));
+  CHECK(fs::exists(dir / "notes.tmp.1"));
+}
+
+TEST_CASE("out-dirs that cannot be used are refused before anything is written",
+          "[run][errors]") {
+  const auto dir = run_dir_scratch("unusable");
+  std::ofstream(dir / "a-file") << "x";
+  CHECK_THAT(error_message([&] { RunDirectory((dir / "a-file").string(), RunDirMode::fresh); }),
+             Catch::Contains("exists and is not a directory"));
+  CHECK_THAT(error_message([&] { RunDirectory((dir / "a-file" / "sub").string(), RunDirMode::fresh); }),
+             Catch::Contains("cannot create out-dir"));
+  CHECK_THAT(error_message([&] { RunDirectory((dir / std::string(300, 'x')).string(), RunDirMode::fresh); }),
+             Catch::Contains("File name too long"));
+}
