@@ -2,31 +2,65 @@
 # The test suite on Debian 13 (trixie: LibTorch 2.6, Catch2 v3, GCC 14), from a clean
 # clone of this repository's HEAD, inside a cached Debian 13 root.
 #
-#   scripts/check-debian13.sh            build and test HEAD in the root (makes the root first if needed)
-#   scripts/check-debian13.sh --prepare  only make (or refresh) the cached root
-#   scripts/check-debian13.sh --shell    a shell in the root, with /proc, /sys, /dev mounted
+#   scripts/check-debian13.sh [--cuda]            build and test HEAD in the root (makes the root first if needed)
+#   scripts/check-debian13.sh [--cuda] --prepare  only make (or bring up to date) the cached root
+#   scripts/check-debian13.sh [--cuda] --shell    a shell in the root, with /proc, /sys, /dev mounted
 #
-# The root lives outside the clone, in $TINYLM_DEBIAN13_ROOT (default
-# /var/cache/tinylm/debian13), so later runs on the same machine reuse it: made with
-# `debootstrap --variant=minbase trixie` from Debian's archive, then the packages of
-# scripts/setup.sh installed inside. Needs root. Cold: about 3 min for debootstrap and
-# 8 for the packages; then the build and tests (about 10 min on 2 cores).
+# --cuda: the root has Debian 13's CUDA LibTorch (libtorch-cuda-dev 2.6, CUDA 12.4, from
+# `contrib`) with NCCL and nvcc, so tinylm builds with CUDA and NCCL; without a GPU the CPU
+# suite runs on that build and the CUDA tests report Skipped. cuDNN is the one part Debian
+# cannot ship (its nvidia-cudnn package downloads it from NVIDIA after asking to accept
+# NVIDIA's licence): the root declines, and a stub libcudnn.so.9 (scripts/cudnn-stub.sh;
+# every function aborts, none is called on a CPU) lets the CUDA LibTorch link and load.
+# The stub lives in that CI root only; a real CUDA machine has the real cuDNN.
+#
+# The roots live outside the clone, in $TINYLM_DEBIAN13_ROOT (default
+# /var/cache/tinylm/debian13; --cuda: the same with -cuda), so later runs on the same
+# machine reuse them: made with `debootstrap --variant=minbase trixie` from Debian's
+# archive (the CUDA root starts as a copy of the CPU one), then scripts/setup.sh runs
+# inside on every use, which installs only what is missing. Needs root.
+# CI (scripts/ci.sh) passes a compiler cache (CMAKE_CXX_COMPILER_LAUNCHER and CCACHE_*,
+# the cache directory bind-mounted into the root), TINYLM_TIMINGS and TINYLM_JUNIT (host
+# paths: the phases' times and the test results are copied there).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-root=${TINYLM_DEBIAN13_ROOT:-/var/cache/tinylm/debian13}
+. "$repo/scripts/phase.sh"
+cuda=0
+mode=test
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) cuda=1 ;;
+    --prepare|--shell|test) mode=$arg ;;
+    *) echo "usage: scripts/check-debian13.sh [--cuda] [--prepare|--shell]" >&2; exit 2 ;;
+  esac
+done
+cpu_root=${TINYLM_DEBIAN13_ROOT:-/var/cache/tinylm/debian13}
+root=$cpu_root
+[ "$cuda" = 1 ] && root=$cpu_root-cuda
+name=$([ "$cuda" = 1 ] && echo "check-debian13 --cuda" || echo "check-debian13")
 mirror=${TINYLM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-mode=${1:-test}
 
-[ "$(id -u)" -eq 0 ] || { echo "check-debian13: needs root (debootstrap, chroot, mount)" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "$name: needs root (debootstrap, chroot, mount)" >&2; exit 1; }
 mkdir -p "$(dirname "$root")"
 exec 9> "$root.lock"
-flock -n 9 || { echo "check-debian13: another run holds $root.lock" >&2; exit 1; }
+lock() {
+  flock -n 9 && return
+  echo "$name: waiting for another run that holds $root.lock (up to 40 min)"
+  flock -w 2400 9 || { echo "$name: $root.lock is still held after 40 min" >&2; exit 1; }
+}
+phase wait lock
 
 mounted=()
 cleanup() {
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2> /dev/null || true; done
 }
 trap cleanup EXIT
+bind() {  # bind HOST_DIR DIR_IN_ROOT
+  mkdir -p "$1" "$root$2"
+  mountpoint -q "$root$2" && return
+  mount --bind "$1" "$root$2"
+  mounted+=("$root$2")
+}
 mount_system() {
   for fs in proc sys dev; do
     mountpoint -q "$root/$fs" && continue
@@ -38,32 +72,81 @@ mount_system() {
   done
   cp /etc/resolv.conf "$root/etc/resolv.conf" 2> /dev/null || true
 }
-in_root() { chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+# The root's environment: nothing from the host's but the compiler cache's settings.
+in_root() {
+  local pass=()
+  for v in CMAKE_CXX_COMPILER_LAUNCHER CCACHE_DIR CCACHE_MAXSIZE CCACHE_SLOPPINESS CCACHE_NOHASHDIR; do
+    [ -n "${!v:-}" ] && pass+=("$v=${!v}")
+  done
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+    DEBIAN_FRONTEND=noninteractive "${pass[@]}" "$@"
+}
 
-started=$(date +%s)
-if [ ! -f "$root/.tinylm-root-ready" ]; then
+make_root() {
+  if [ "$cuda" = 1 ] && [ -f "$cpu_root/.tinylm-root-ready" ]; then
+    echo "$name: copying the Debian 13 root $cpu_root to $root"
+    rm -rf "$root"
+    cp -a --reflink=auto "$cpu_root" "$root"
+    rm -f "$root/.tinylm-root-ready"
+    return
+  fi
   command -v debootstrap > /dev/null || {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap > /dev/null
   }
-  echo "check-debian13: making a Debian 13 root in $root (debootstrap, about 3 min)"
+  echo "$name: making a Debian 13 root in $root (debootstrap, about 3 min)"
   rm -rf "$root"
   debootstrap --variant=minbase trixie "$root" "$mirror" > "$root.debootstrap.log" 2>&1 ||
     { tail -n 20 "$root.debootstrap.log"; exit 1; }
+}
+
+# The root exists and has every package scripts/setup.sh lists (it installs only what is
+# missing, so a root made by an older HEAD catches up here).
+prepare() {
+  [ -f "$root/.tinylm-root-ready" ] || make_root
   mount_system
-  echo "check-debian13: installing scripts/setup.sh's packages inside (about 8 min)"
+  # dpkg without fsync: this root is a cache that can be remade, and unpacking LibTorch
+  # (and CUDA) file by file with fsync is most of its set-up time.
+  echo force-unsafe-io > "$root/etc/dpkg/dpkg.cfg.d/tinylm-unsafe-io"
+  local setup_args=(--ci)
+  if [ "$cuda" = 1 ]; then
+    setup_args+=(--cuda)
+    if ! grep -q contrib "$root/etc/apt/sources.list"; then
+      echo "deb $mirror trixie main contrib non-free non-free-firmware" > "$root/etc/apt/sources.list"
+      in_root apt-get update -qq
+    fi
+    # Decline NVIDIA's cuDNN licence: the package then installs without downloading.
+    echo "nvidia-cudnn nvidia-cudnn/question select I Decline" | in_root debconf-set-selections
+  fi
   cp "$repo/scripts/setup.sh" "$root/root/setup.sh"
-  in_root bash /root/setup.sh
+  in_root bash /root/setup.sh "${setup_args[@]}"
+  if [ "$cuda" = 1 ]; then
+    cp "$repo/scripts/cudnn-stub.sh" "$root/root/cudnn-stub.sh"
+    in_root bash /root/cudnn-stub.sh
+  fi
   touch "$root/.tinylm-root-ready"
-  echo "check-debian13: root ready after $(( $(date +%s) - started )) s"
-fi
+}
+
+started=$(date +%s)
+phase root prepare
+echo "$name: root ready ($(in_root sh -c '. /etc/os-release; echo $PRETTY_NAME'), $(( $(date +%s) - started )) s)"
 [ "$mode" = --prepare ] && exit 0
-mount_system
 [ "$mode" = --shell ] && { in_root bash -l; exit 0; }
 
+# The compiler cache, shared by both Debian 13 roots (the CUDA LibTorch's headers are the
+# CPU one's, so most of the CUDA build comes from the cache).
+[ -n "${CCACHE_DIR:-}" ] && bind "$CCACHE_DIR" "$CCACHE_DIR"
+
 # A clean clone of HEAD (committed work only), built from scratch.
-rm -rf "$root/root/tinylm"
+rm -rf "$root/root/tinylm" "$root/root/ci"
+mkdir -p "$root/root/ci"
 git clone -q "$repo" "$root/root/tinylm"
-echo "check-debian13: testing $(git -C "$repo" rev-parse --short HEAD) on $(in_root sh -c '. /etc/os-release; echo $PRETTY_NAME')"
-in_root bash -c 'cd /root/tinylm && scripts/quickstart.sh test'
-echo "check-debian13: passed in $(( $(date +%s) - started )) s"
+echo "$name: testing $(git -C "$repo" rev-parse --short HEAD)"
+status=0
+in_root env ${TINYLM_TIMINGS:+TINYLM_TIMINGS=/root/ci/timings} ${TINYLM_JUNIT:+TINYLM_JUNIT=/root/ci/junit.xml} \
+  bash -c 'cd /root/tinylm && scripts/quickstart.sh test' || status=$?
+# The in-root phases (setup, configure, build, test) after this script's own (root).
+[ -n "${TINYLM_TIMINGS:-}" ] && [ -f "$root/root/ci/timings" ] && cat "$root/root/ci/timings" >> "$TINYLM_TIMINGS"
+[ -n "${TINYLM_JUNIT:-}" ] && [ -f "$root/root/ci/junit.xml" ] && cp "$root/root/ci/junit.xml" "$TINYLM_JUNIT"
+[ "$status" = 0 ] || { echo "$name: failed after $(( $(date +%s) - started )) s" >&2; exit "$status"; }
+echo "$name: passed in $(( $(date +%s) - started )) s"

@@ -1,23 +1,51 @@
 #!/usr/bin/env bash
-# Installs what tinylm needs from Debian 12's archive, if it is missing. Idempotent.
+# Installs what tinylm needs from Debian's archive (12 or 13), if it is missing. Idempotent.
 # Run as root (or with sudo available). Nothing is downloaded from anywhere else.
-#   scripts/setup.sh             what the build and the tests need
+#   scripts/setup.sh             what the build and the tests need (python3-torch included:
+#                                the tests compare tinylm with PyTorch)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
+#   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
+#                                built with CUDA 12.4 (libtorch-cuda-dev, which replaces
+#                                libtorch-dev), NCCL, nvcc (Caffe2's CMake config needs it)
+#                                and PyTorch with CUDA; NVIDIA's cuDNN is fetched by the
+#                                nvidia-cudnn package's own installer, from NVIDIA
+#   scripts/setup.sh --ci        also what CI uses: ccache
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libtorch-dev libopenblas0-pthread libcli11-dev
-          libspdlog-dev catch2 libtomlplusplus-dev nlohmann-json3-dev libgloo-dev
-          libsentencepiece-dev libblas-dev python3-matplotlib)
+cuda=0
+extra=()
+for arg in "$@"; do
+  case "$arg" in
+    --fortunes) extra+=(fortunes) ;;
+    --ci) extra+=(ccache) ;;
+    --cuda) cuda=1 ;;
+    *) echo "setup: unknown option '$arg' (known: --fortunes, --cuda, --ci)" >&2; exit 2 ;;
+  esac
+done
+
+# A system that has the CUDA LibTorch keeps it (the CPU packages would replace it).
+if dpkg-query -W -f='${Status}' libtorch-cuda-dev 2> /dev/null | grep -q "install ok installed"; then
+  cuda=1
+fi
+if [ "$cuda" = 1 ]; then
+  # LibTorch, Gloo and PyTorch in their CUDA builds (each conflicts with its CPU twin).
+  packages=(libtorch-cuda-dev libgloo-cuda-dev python3-torch-cuda libnccl-dev nvidia-cuda-toolkit)
+  if ! apt-cache show libtorch-cuda-dev > /dev/null 2>&1; then
+    echo "setup: libtorch-cuda-dev is not in this system's package lists: it is in Debian 13's" \
+         "'contrib' component (and cuDNN in 'non-free'); add 'contrib non-free' to /etc/apt/sources.list" \
+         "and run apt-get update" >&2
+    exit 1
+  fi
+else
+  packages=(libtorch-dev libgloo-dev python3-torch)
+fi
+packages+=(cmake ninja-build g++ libopenblas0-pthread libcli11-dev libspdlog-dev catch2
+           libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libblas-dev
+           python3-matplotlib "${extra[@]}")
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.
 if [ "$(dpkg --print-architecture)" = "amd64" ]; then packages+=(libxsmm-dev); fi
-for arg in "$@"; do
-  case "$arg" in
-    --fortunes) packages+=(fortunes) ;;
-    *) echo "setup: unknown option '$arg' (known: --fortunes)" >&2; exit 2 ;;
-  esac
-done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
