@@ -36,31 +36,6 @@ std::string join(const std::vector<std::string>& parts, size_t from) {
   return out;
 }
 
-/// The bytes of the zip archive Python's torch.save writes for `value`: archive/data.pkl
-/// (pickle protocol 2) and archive/data/N (tensor storages). torch::pickle_save writes the
-/// same archive but tags every dict with its TorchScript type through
-/// torch.jit._pickle.restore_type_tag, a global PyTorch 2.6's torch.load refuses under its
-/// default weights_only=True; untagged, the pickle uses only what that loader allows
-/// (dicts, strings, numbers, torch._utils._rebuild_tensor_v2, torch.*Storage, OrderedDict).
-std::string python_torch_save(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return archive;
-}
-
 }  // namespace
 
 std::string nanogpt_name(const std::string& name) {
@@ -88,6 +63,31 @@ std::string nanogpt_name(const std::string& name) {
   }
   TORCH_CHECK(false, "nanoGPT has no parameter for tinylm's '", internal::printable(name), "'");
   return {};
+}
+
+// archive/data.pkl (pickle protocol 2) and archive/data/N (tensor storages), as Python
+// writes them. torch::pickle_save writes the same archive but tags every dict with its
+// TorchScript type through torch.jit._pickle.restore_type_tag, a global PyTorch 2.6's
+// torch.load refuses under its default weights_only=True; untagged, the pickle uses only
+// what that loader allows (dicts, strings, numbers, torch._utils._rebuild_tensor_v2,
+// torch.*Storage, collections.OrderedDict).
+std::string torch_save_bytes(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
 }
 
 NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
@@ -159,7 +159,7 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
   top.insert("iter_num", ck.state.step);
   top.insert("best_val_loss", ck.state.best_val_loss < 1e299 ? ck.state.best_val_loss : 0.0);
   top.insert("tinylm_architecture", architecture);
-  internal::write_file_atomically(path, python_torch_save(top), "export");
+  internal::write_file_atomically(path, torch_save_bytes(top), "export");
   return fit.notes;
 }
 

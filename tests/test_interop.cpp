@@ -150,7 +150,7 @@ TEST_CASE("an export imports back to the same model, and broken state dicts are 
     auto state = top.at("model").toGenericDict().copy();
     edit(state);
     top.insert_or_assign("model", state);
-    const auto bytes = torch::pickle_save(top);
+    const auto bytes = interop::torch_save_bytes(top);
     const auto path = (dir / name).string();
     std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return path;
@@ -192,7 +192,7 @@ TEST_CASE("write a checkpoint's logits for fixed ids", "[.][nanogpt-logits]") {
   c10::Dict<std::string, at::Tensor> dict;
   dict.insert("ids", ids);
   dict.insert("logits", logits);
-  const auto bytes = torch::pickle_save(dict);
+  const auto bytes = interop::torch_save_bytes(dict);  // read by torch.load(weights_only=True)
   std::ofstream(out, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   std::printf("wrote %s: logits %s\n", out, c10::str(logits.sizes()).c_str());
 }

@@ -4,6 +4,8 @@
 
 #include <tinylm/train/checkpoint.h>
 
+#include <ATen/core/ivalue.h>
+
 #include <string>
 #include <vector>
 
@@ -12,6 +14,12 @@ namespace tinylm::interop {
 /// nanoGPT's name for a TransformerLM parameter ("blocks.0.attn.qkv_proj.weight" ->
 /// "transformer.h.0.attn.c_attn.weight"); throws on a name nanoGPT has no place for.
 std::string nanogpt_name(const std::string& tinylm_name);
+
+/// The bytes Python's `torch.save(obj, f)` writes for `value` (dicts, lists, strings,
+/// numbers, bools and tensors): a zip archive whose pickle uses only what `torch.load`'s
+/// default `weights_only=True` allows. (PyTorch 2.6 and later refuse the TorchScript type
+/// tags that `torch::pickle_save` adds to every dict.)
+std::string torch_save_bytes(const c10::IValue& value);
 
 /// What export_nanogpt would say of a checkpoint: empty when nanoGPT's GPT expresses
 /// its model exactly; otherwise the differences that make it refuse (`refusals`) or
