@@ -62,7 +62,7 @@ bind() {  # bind HOST_DIR DIR_IN_ROOT
   mounted+=("$root$2")
 }
 mount_system() {
-  for fs in proc sys dev; do
+  for fs in proc sys dev dev/pts; do
     mountpoint -q "$root/$fs" && continue
     case "$fs" in
       proc) mount -t proc proc "$root/proc" ;;

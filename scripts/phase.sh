@@ -2,12 +2,12 @@
 # $TINYLM_TIMINGS names a file, appends "NAME MILLISECONDS STATUS" to it (scripts/ci.sh
 # turns these into its table). Returns COMMAND's status.
 phase() {
-  local name=$1 start status=0
+  local phase_name=$1 phase_start phase_status=0
   shift
-  start=$(date +%s%N)
-  "$@" || status=$?
+  phase_start=$(date +%s%N)
+  "$@" || phase_status=$?
   if [ -n "${TINYLM_TIMINGS:-}" ]; then
-    echo "$name $(( ($(date +%s%N) - start) / 1000000 )) $status" >> "$TINYLM_TIMINGS"
+    echo "$phase_name $(( ($(date +%s%N) - phase_start) / 1000000 )) $phase_status" >> "$TINYLM_TIMINGS"
   fi
-  return "$status"
+  return "$phase_status"
 }
