@@ -26,7 +26,7 @@ namespace {
 
 /// Where the module may be: $TINYLM_SENTENCEPIECE_MODULE, the build tree, the install
 /// prefix, and lib/tinylm next to the program's bin/.
-std::vector<std::string> module_candidates() {
+[[maybe_unused]] std::vector<std::string> module_candidates() {
   std::vector<std::string> out;
   if (const char* env = std::getenv("TINYLM_SENTENCEPIECE_MODULE"); env && *env) return {env};
 #ifdef TINYLM_SENTENCEPIECE_BUILD_PATH
@@ -52,6 +52,10 @@ const LoadedModule& loaded_module() {
 #if defined(__SANITIZE_ADDRESS__)
     m.error = "SentencePiece is not available in a sanitizer build: its module must be loaded with "
               "RTLD_DEEPBIND, which AddressSanitizer does not allow (use a release build)";
+    return m;
+#elif !defined(TINYLM_HAVE_SENTENCEPIECE)
+    m.error = "SentencePiece is not available in this build: libsentencepiece-dev was not found when "
+              "tinylm was built (install it and rebuild, or use the byte-level tokenizer)";
     return m;
 #else
     std::string tried;
