@@ -91,8 +91,9 @@ make_root() {
     return
   fi
   command -v debootstrap > /dev/null || {
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap > /dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      debootstrap > /dev/null
   }
   echo "$name: making a Debian 13 root in $root (debootstrap, about 3 min)"
   rm -rf "$root"

@@ -43,10 +43,17 @@ export CCACHE_MAXSIZE=6G CCACHE_NOHASHDIR=1
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 ccache_dir() { echo "$cache/ccache/$1"; }
 
-command -v ccache > /dev/null || {
-  echo "ci: installing ccache"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ccache > /dev/null
-}
+# The host's tools for the legs, before any leg starts (the roots' background job and
+# debian12's set-up would otherwise both run the host's apt at once).
+tools=()
+command -v ccache > /dev/null || tools+=(ccache)
+command -v debootstrap > /dev/null || tools+=(debootstrap)
+if [ ${#tools[@]} -gt 0 ]; then
+  echo "ci: installing ${tools[*]}"
+  apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      "${tools[@]}" > /dev/null || { echo "ci: cannot install ${tools[*]}" >&2; exit 1; }
+fi
 
 started=$(date +%s)
 declare -A status seconds

@@ -57,8 +57,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: missing packages (${missing[*]}) and not root: run this script as root" >&2
     exit 1
   fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+  # Another apt on this system (CI prepares a Debian 13 root beside this) is waited for.
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    --no-install-recommends "${missing[@]}" > /dev/null
 fi
 
 # LibTorch's BLAS calls go through libblas.so.3: make sure that is OpenBLAS, not the
