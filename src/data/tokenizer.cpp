@@ -1,6 +1,7 @@
 // Tokenizers: ids, bytes, SentencePiece.
 #include <tinylm/data/tokenizer.h>
 
+#include "data/sentencepiece/model_check.h"
 #include "data/sentencepiece/module.h"
 #include "internal/system.h"
 
@@ -165,11 +166,20 @@ class ByteTokenizer final : public Tokenizer {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   SentencePieceTokenizer(const std::string& proto, const std::string& origin) : proto_(proto) {
+    // SentencePiece does not check what it loads: tinylm does, first (model_check.h).
+    const std::string problem = internal::sentencepiece_model_problem(proto);
+    TORCH_CHECK(problem.empty(), "'", internal::printable(origin), "' is not a usable SentencePiece model: ",
+                problem, ". The file is damaged or not a tokenizer: use the tokenizer the model was trained with");
+    const auto& module = sentencepiece_module();
     try {
-      sp_ = sentencepiece_module().load(proto);
+      sp_ = module.load(proto);
     } catch (const std::runtime_error& e) {
+      const std::string why = e.what();
+      TORCH_CHECK(why.find("Self-test") == std::string::npos, "'", internal::printable(origin),
+                  "' is not a usable SentencePiece model: it fails its own self-test (the pieces it "
+                  "encodes its sample texts into are not the ones it records), so it is damaged");
       TORCH_CHECK(false, "'", internal::printable(origin), "' is not a SentencePiece model: ",
-                  internal::printable(e.what()));
+                  internal::printable(why));
     }
     TORCH_CHECK(sp_->piece_size() >= 1, "SentencePiece model '", internal::printable(origin), "' has no pieces");
     newline_ = sp_->piece_to_id("<0x0A>");
@@ -300,6 +310,8 @@ std::shared_ptr<const Tokenizer> train_sentencepiece(const std::function<bool(st
   TORCH_CHECK(o.vocab_size >= 258 && o.vocab_size <= (1 << 22), "vocab-size ", o.vocab_size,
               " is out of range for a SentencePiece tokenizer: use 258 (256 byte pieces, <unk> and"
               " one more) to 4194304");
+  TORCH_CHECK(o.normalization == "identity" || o.normalization == "nmt_nfkc", "normalization '",
+              internal::printable(o.normalization), "' is unknown: use identity or nmt_nfkc");
   TORCH_CHECK(o.max_sentences >= 1, "max_sentences must be >= 1, got ", o.max_sentences);
   TORCH_CHECK(o.max_sentence_bytes >= 16, "max_sentence_bytes must be >= 16, got ", o.max_sentence_bytes);
   TORCH_CHECK(o.threads >= 0, "threads must be >= 0, got ", o.threads);
@@ -309,7 +321,7 @@ std::shared_ptr<const Tokenizer> train_sentencepiece(const std::function<bool(st
       {"vocab_size", std::to_string(o.vocab_size)},
       {"byte_fallback", "true"},                  // every text encodes losslessly
       {"character_coverage", "0.9995"},
-      {"normalization_rule_name", "identity"},    // the text as it is
+      {"normalization_rule_name", o.normalization},  // identity: the text as it is
       {"remove_extra_whitespaces", "false"},
       {"add_dummy_prefix", "false"},              // no space added before each line
       {"split_digits", "true"},
@@ -319,7 +331,7 @@ std::shared_ptr<const Tokenizer> train_sentencepiece(const std::function<bool(st
       {"shuffle_input_sentence", "true"},
       {"max_sentence_length", std::to_string(o.max_sentence_bytes)},
       {"num_threads", std::to_string(threads)},
-      {"minloglevel", "2"},                       // the library prints nothing
+      {"minloglevel", "3"},                       // the library prints nothing (module.cpp)
   };
   const auto& module = sentencepiece_module();
   LineCutter cutter(next_line, static_cast<size_t>(o.max_sentence_bytes));

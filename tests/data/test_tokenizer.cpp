@@ -9,8 +9,14 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
 
+#include "data/sentencepiece/model_check.h"
 #include "internal/system.h"
 
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,7 +80,7 @@ TEST_CASE("SentencePiece BPE trains, round-trips text exactly and travels in che
   CHECK_THAT(error_message([&] { data::train_sentencepiece(next_few, o); }),
              Catch::Contains("vocab-size 5000 is too large for this corpus: SentencePiece can make at most"));
   CHECK_THAT(error_message([&] { data::sentencepiece_tokenizer("not a model", "x.model"); }),
-             Catch::Contains("'x.model' is not a SentencePiece model"));
+             Catch::Contains("'x.model' is not a usable SentencePiece model"));
 
   // prepare with BPE: lossless over train + val, the tokenizer saved, checked by the task
   const auto dir = scratch_dir("prepare_bpe");
@@ -107,4 +113,147 @@ TEST_CASE("SentencePiece BPE trains, round-trips text exactly and travels in che
   REQUIRE(loaded);
   CHECK(loaded->model_bytes() == tok->model_bytes());
   CHECK(loaded->encode(sample) == tok->encode(sample));
+}
+
+namespace wire {
+
+// A few protobuf wire-format helpers, to damage SentencePiece models the way a bad file
+// would.
+std::string varint(uint64_t v) {
+  std::string out;
+  do {
+    out += static_cast<char>((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  return out;
+}
+std::string field(int number, const std::string& bytes) {
+  return varint(static_cast<uint64_t>(number) << 3 | 2) + varint(bytes.size()) + bytes;
+}
+uint64_t read_varint(const std::string& s, size_t& i) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const auto b = static_cast<unsigned char>(s.at(i++));
+    v |= static_cast<uint64_t>(b & 0x7F) << shift;
+    if (!(b & 0x80)) return v;
+  }
+}
+/// Where the bytes of length-delimited field `number` start in `message`, and how many.
+std::pair<size_t, size_t> find_field(const std::string& message, int number, size_t from = 0,
+                                     size_t to = std::string::npos) {
+  size_t i = from;
+  to = std::min(to, message.size());
+  while (i < to) {
+    const uint64_t tag = read_varint(message, i);
+    const int wire = static_cast<int>(tag & 7);
+    if (wire == 0) read_varint(message, i);
+    else if (wire == 1) i += 8;
+    else if (wire == 5) i += 4;
+    else {
+      const size_t n = read_varint(message, i);
+      if (static_cast<int>(tag >> 3) == number) return {i, n};
+      i += n;
+    }
+  }
+  return {std::string::npos, 0};
+}
+
+}  // namespace wire
+
+TEST_CASE("SentencePiece models are checked before SentencePiece reads them", "[sentencepiece]") {
+  std::string why;
+  const bool available = data::sentencepiece_available(&why);
+  INFO(why);
+  REQUIRE(available);
+  const std::string text = corpus(300) + "ｆｕｌｌｗｉｄｔｈ ｔｅｘｔ ① ㍿\n";
+  std::istringstream lines(text);
+  auto next = [&](std::string& line) { return static_cast<bool>(std::getline(lines, line)); };
+  data::SentencePieceOptions o;
+  o.vocab_size = 300;
+  o.normalization = "nmt_nfkc";
+  const auto sp = data::train_sentencepiece(next, o);
+  // NFKC through the model's character map: full-width letters become ASCII.
+  CHECK(sp->encode("ｔｈｅ ｃａｔ") == sp->encode("the cat"));
+  const std::string proto = sp->model_bytes();
+  using wire::field;
+  const auto [spec_at, spec_size] = wire::find_field(proto, 3);
+  REQUIRE(spec_at != std::string::npos);
+  const auto [map_at, map_size] = wire::find_field(proto, 2, spec_at, spec_at + spec_size);
+  REQUIRE(map_at != std::string::npos);
+  REQUIRE(map_size > 1000);  // a real trie
+  auto load = [](const std::string& bytes) { return data::sentencepiece_tokenizer(bytes, "t.model"); };
+
+  // The trie's size beyond the map; a node whose children lie outside the trie.
+  std::string damaged = proto;
+  damaged.replace(map_at, 4, std::string("\xF0\xFF\xFF\x0F", 4));
+  CHECK_THAT(error_message([&] { load(damaged); }),
+             Catch::Contains("'t.model' is not a usable SentencePiece model: its normalizer's character map is "
+                             "damaged (its trie claims"));
+  damaged = proto;
+  damaged.replace(map_at + 4, 4, std::string("\x00\xFC\xFF\x7F", 4));  // the root's offset: huge
+  CHECK_THAT(error_message([&] { load(damaged); }), Catch::Contains("trie node 0 leads to units up to"));
+  // A wire-format field longer than the model.
+  CHECK_THAT(error_message([&] { load(proto + std::string("\x1A\xFF\xFF\x03", 4)); }),
+             Catch::Contains("field 3 claims 65535 bytes where 0 remain"));
+
+  // Bytes of the map changed at random: refused or harmless, never a crash (SentencePiece
+  // 0.1.97 reads outside the model for most of these).
+  std::mt19937 rng(7);
+  int refused = 0, loaded = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string m = proto;
+    for (int k = 0; k < 4; ++k)
+      m[map_at + (k == 0 ? rng() % 64 : rng() % map_size)] = static_cast<char>(rng() & 0xFF);
+    std::shared_ptr<const data::Tokenizer> t;
+    try {
+      t = load(m);
+    } catch (const c10::Error&) {
+      ++refused;
+      continue;
+    }
+    ++loaded;
+    t->decode(t->encode(text.substr(0, 2000) + "ｆｕｌｌｗｉｄｔｈ ① ㍿"));
+  }
+  CHECK(refused > 0);
+  CHECK(loaded > 0);
+
+  // A self-test that fails: SentencePiece reports it through its log, which must not be
+  // written (it crashed the process); the error says what it means.
+  const std::string sample = field(1, field(1, "the cat") + field(2, "▁nonsense ▁pieces"));
+  CHECK_THAT(error_message([&] { load(proto + field(4, sample)); }),
+             Catch::Contains("'t.model' is not a usable SentencePiece model: it fails its own self-test"));
+  CHECK(internal::sentencepiece_model_problem(proto).empty());
+  CHECK(internal::sentencepiece_model_problem("") == "it is empty");
+
+  // Models made by SentencePiece's own spm_train (fuzz/corpus/sentencepiece: nmt_nfkc,
+  // nfkc_cf with a self-test, identity BPE with byte pieces) pass the check and load.
+  int models = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(TINYLM_SOURCE_DIR) + "/fuzz/corpus/sentencepiece")) {
+    INFO(entry.path().string());
+    const auto t = data::load_sentencepiece(entry.path().string());
+    CHECK(t->vocab_size() == 50 + (entry.path().filename().string().rfind("bpe", 0) == 0 ? 250 : 0));
+    CHECK(!t->decode(t->encode("the cat sat on the mat")).empty());
+    ++models;
+  }
+  CHECK(models == 3);
+}
+
+TEST_CASE("the SentencePiece model check stays inside the model it checks") {
+  // No SentencePiece needed (so this runs in the sanitizer build too): the check alone,
+  // on SentencePiece's own models and on mutants of them.
+  std::mt19937 rng(11);
+  int refused = 0, accepted = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(TINYLM_SOURCE_DIR) + "/fuzz/corpus/sentencepiece")) {
+    INFO(entry.path().string());
+    const std::string model = test::read_file(entry.path());
+    CHECK(internal::sentencepiece_model_problem(model).empty());
+    for (int i = 0; i < 200; ++i) {
+      std::string m = model;
+      for (int k = 0; k < 3; ++k) m[rng() % m.size()] = static_cast<char>(rng());
+      if (i % 5 == 0) m.resize(rng() % m.size());
+      (internal::sentencepiece_model_problem(m).empty() ? accepted : refused)++;
+    }
+  }
+  CHECK(refused > 0);
+  CHECK(accepted > 0);
 }

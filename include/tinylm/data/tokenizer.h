@@ -65,11 +65,15 @@ struct SentencePieceOptions {
   /// Trainer threads; 0 = the CPUs this process may use.
   int64_t threads = 0;
   uint64_t seed = 0;
+  /// SentencePiece's normalization rule: "identity" (the text as it is, lossless) or
+  /// "nmt_nfkc" (Unicode NFKC, as SentencePiece's own default; not lossless).
+  std::string normalization = "identity";
 };
 
 /// Trains a SentencePiece model on the lines `next_line` yields (it returns false at the
-/// end). Text is kept exactly: no normalization, spaces as they are, byte fallback for
-/// characters outside the vocabulary (so every text encodes and decodes losslessly).
+/// end). By default text is kept exactly: no normalization, spaces as they are, byte
+/// fallback for characters outside the vocabulary (so every text encodes and decodes
+/// losslessly).
 /// A vocabulary the corpus cannot fill is refused with the largest size that fits.
 std::shared_ptr<const Tokenizer> train_sentencepiece(const std::function<bool(std::string&)>& next_line,
                                                      const SentencePieceOptions& options);

@@ -6,7 +6,18 @@
 
 #include <stdexcept>
 
+// Exported by libsentencepiece, declared in none of its headers on Debian 12.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int v);
+}
+
 namespace {
+
+// SentencePiece logs to std::cerr, and inside this module (loaded with RTLD_DEEPBIND)
+// std::cerr binds to libstdc++'s own object rather than the program's copy of it, which
+// is the one that was constructed: any log line would crash. So the module lets nothing
+// below FATAL through (3: LOG_FATAL); errors reach the library as statuses.
+constexpr int kQuiet = 3;
 
 using tinylm::internal::SentencePieceModel;
 using tinylm::internal::SentencePieceModule;
@@ -17,7 +28,10 @@ void check(const sentencepiece::util::Status& status) {
 
 class Model final : public SentencePieceModel {
  public:
-  explicit Model(const std::string& proto) { check(sp_.LoadFromSerializedProto(proto)); }
+  explicit Model(const std::string& proto) {
+    sentencepiece::logging::SetMinLogLevel(kQuiet);
+    check(sp_.LoadFromSerializedProto(proto));
+  }
   int piece_size() const override { return sp_.GetPieceSize(); }
   int piece_to_id(const std::string& piece) const override { return sp_.PieceToId(piece); }
   int unk_id() const override { return sp_.unk_id(); }
@@ -58,6 +72,7 @@ class Module final : public SentencePieceModule {
   }
   std::string train(const std::unordered_map<std::string, std::string>& spec,
                     const std::function<bool(std::string&)>& next) const override {
+    sentencepiece::logging::SetMinLogLevel(kQuiet);
     Lines lines(next);
     std::string proto;
     check(sentencepiece::SentencePieceTrainer::Train(spec, &lines, &proto));
