@@ -307,6 +307,17 @@ int launch_workers(const TrainArgs& args) {
   return status_out;
 }
 
+/// The checkpoint a command names (a file, or a run directory's newest). Format 1 is
+/// refused here with the command that converts a trusted file.
+train::Checkpoint open_checkpoint(const std::string& file_or_dir) {
+  const auto path = train::resolve_checkpoint_path(file_or_dir);
+  TORCH_CHECK(train::checkpoint_format_version(path) != 1, "checkpoint '", path,
+              "' is in format 1, a LibTorch archive: LibTorch's loader for those is safe for trusted files only, "
+              "so tinylm does not read them by default. If you trust this file, convert it once: tinylm upgrade ",
+              path, " --out NEW.ckpt");
+  return train::read_checkpoint(path);
+}
+
 /// The run a `tinylm train` command line describes: its config file or the checkpoint it
 /// resumes (read into `ck`), with the flags given on top.
 RunConfig run_config_of(const TrainArgs& args, std::optional<train::Checkpoint>& ck, bool& out_dir_chosen) {
@@ -314,10 +325,11 @@ RunConfig run_config_of(const TrainArgs& args, std::optional<train::Checkpoint>&
   if (!args.resume.empty()) {
     TORCH_CHECK(args.config_path.empty(), "--config and --resume together: a checkpoint carries "
                 "its own config; override single keys with flags instead");
-    ck = train::read_checkpoint(train::resolve_checkpoint_path(args.resume));
+    ck = open_checkpoint(args.resume);
     const RunConfig stored = config_from_checkpoint(*ck);
     cfg = effective_config(args, stored, &out_dir_chosen);
-    TORCH_CHECK(cfg.optimizer == stored.optimizer, "checkpoint '", ck->path,
+    // A checkpoint without optimizer state (an import) may continue with any optimizer.
+    TORCH_CHECK(ck->optimizer_kind.empty() || cfg.optimizer == stored.optimizer, "checkpoint '", ck->path,
                 "' was trained with optimizer '", stored.optimizer, "', not '", cfg.optimizer,
                 "': resume with optimizer ", stored.optimizer);
     // A resumed run writes next to the checkpoint it resumes (a copied run directory
@@ -443,7 +455,7 @@ LoadedRun load_run(const std::string& path, const std::string& device, int64_t t
   TORCH_CHECK(threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", threads);
   set_cpu_threads(threads);
   LoadedRun run;
-  run.checkpoint = train::read_checkpoint(train::resolve_checkpoint_path(path));
+  run.checkpoint = open_checkpoint(path);
   run.config = config_from_checkpoint(run.checkpoint);
   auto& cfg = run.config;
   if (!data_override.empty()) cfg.data = data_override;
@@ -558,7 +570,7 @@ std::string grouped(int64_t n) {
 /// rebuilds the model from its architecture, loads the weights (names, shapes, dtypes,
 /// finite values) and runs one forward pass.
 int run_inspect(const InspectArgs& a) {
-  const auto ck = train::read_checkpoint(train::resolve_checkpoint_path(a.checkpoint));
+  const auto ck = open_checkpoint(a.checkpoint);
   const auto bytes = static_cast<int64_t>(std::filesystem::file_size(ck.path));
   std::string verified;
   if (a.verify) {
@@ -620,27 +632,27 @@ int run_inspect(const InspectArgs& a) {
   }
   std::printf("checkpoint %s: %s bytes, format %u (tinylm %s), checksum ok\n", ck.path.c_str(),
               grouped(bytes).c_str(), ck.format_version,
-              ck.tinylm_version.empty() ? "before 0.1" : ck.tinylm_version.c_str());
+              ck.tinylm_version.empty() ? "before 0.1" : printable(ck.tinylm_version).c_str());
   const std::string optimizer_state = ck.legacy_archive ? std::string("in a LibTorch archive")
                                                         : std::to_string(ck.optimizer.size()) + " tensors";
   std::printf("step %lld | world size %lld | best validation loss %s | optimizer %s (%s)\n",
               static_cast<long long>(st.step), static_cast<long long>(st.world_size),
               st.best_val_loss < 1e299 ? fmt::format("{:.6f}", st.best_val_loss).c_str() : "none yet",
-              ck.optimizer_kind.empty() ? "none" : ck.optimizer_kind.c_str(), optimizer_state.c_str());
+              ck.optimizer_kind.empty() ? "none" : printable(ck.optimizer_kind).c_str(), optimizer_state.c_str());
   std::string opts;
-  for (const auto& [k, v] : ck.architecture.options) opts += " " + k + "=" + v;
-  std::printf("model %s (version %lld):%s\n", ck.architecture.kind.c_str(),
+  for (const auto& [k, v] : ck.architecture.options) opts += " " + printable(k) + "=" + printable(v);
+  std::printf("model %s (version %lld):%s\n", printable(ck.architecture.kind).c_str(),
               static_cast<long long>(ck.architecture.version), opts.c_str());
-  std::printf("tokenizer: %s\n", tokenizer.c_str());
+  std::printf("tokenizer: %s\n", printable(tokenizer).c_str());
   std::printf("generators: data %lld bytes, dropout %lld stream(s) of %lld bytes\n",
               static_cast<long long>(generator_bytes(st.data_rng_state)),
               static_cast<long long>(dropout_streams),
               static_cast<long long>(dropout_streams ? generator_bytes(st.dropout_rng_state) / dropout_streams : 0));
   size_t width = 9;
-  for (const auto& name : ck.parameter_names) width = std::max(width, name.size());
+  for (const auto& name : ck.parameter_names) width = std::max(width, printable(name).size());
   std::printf("\n%-*s  %-14s %-8s %12s %12s\n", static_cast<int>(width), "parameter", "shape", "dtype", "count", "norm");
   for (const auto& p : params)
-    std::printf("%-*s  %-14s %-8s %12s %12.6g\n", static_cast<int>(width), p["name"].get<std::string>().c_str(),
+    std::printf("%-*s  %-14s %-8s %12s %12.6g\n", static_cast<int>(width), printable(p["name"].get<std::string>()).c_str(),
                 shape_text(ck.model.at(p["name"].get<std::string>())).c_str(),
                 p["dtype"].get<std::string>().c_str(), grouped(p["count"].get<int64_t>()).c_str(),
                 p["norm"].get<double>());
@@ -649,7 +661,7 @@ int run_inspect(const InspectArgs& a) {
     std::printf("\nrecipe (the run config it was trained with):\n");
     std::istringstream lines(ck.recipe);
     for (std::string line; std::getline(lines, line);)
-      if (!line.empty()) std::printf("  %s\n", line.c_str());
+      if (!line.empty()) std::printf("  %s\n", printable(line).c_str());
   }
   if (a.verify) std::printf("\nverify: %s: ok\n", verified.c_str());
   return 0;
@@ -722,6 +734,36 @@ int run_prepare(const PrepareArgs& a) {
   return 0;
 }
 
+// ---- upgrade ---------------------------------------------------------------------------
+
+struct UpgradeArgs {
+  std::string checkpoint, out;
+};
+
+/// An older checkpoint (formats 1 and 2) rewritten in today's format: the same weights,
+/// optimizer state, step and generators, so training resumes from the copy exactly as from
+/// the original. Reading format 1 runs LibTorch's loader: for files the user trusts.
+int run_upgrade(const UpgradeArgs& a) {
+  const auto path = train::resolve_checkpoint_path(a.checkpoint);
+  std::error_code ec;
+  TORCH_CHECK(!std::filesystem::exists(a.out, ec), "--out '", a.out,
+              "' already exists: tinylm never overwrites a file; name a new one");
+  train::ReadOptions trusted;
+  trusted.trust_legacy_archive = true;
+  const auto ck = train::read_checkpoint(path, trusted);
+  TORCH_CHECK(ck.format_version < train::kCheckpointFormatVersion, "checkpoint '", path, "' is already in format ",
+              ck.format_version, ", today's: there is nothing to upgrade");
+  RunConfig c = config_from_checkpoint(ck);
+  const auto dir = std::filesystem::path(a.out).parent_path();
+  c.out_dir = dir.empty() ? "." : dir.string();  // nothing is written there but --out
+  train::Trainer trainer = make_trainer(c);
+  trainer.resume(ck);
+  trainer.save(a.out);
+  std::printf("upgraded %s (format %u, step %lld) to %s (format %u)\n", path.c_str(), ck.format_version,
+              static_cast<long long>(ck.state.step), a.out.c_str(), train::kCheckpointFormatVersion);
+  return 0;
+}
+
 // ---- export ----------------------------------------------------------------------------
 
 struct ExportArgs {
@@ -733,7 +775,7 @@ int run_export(const ExportArgs& a) {
   TORCH_CHECK(a.format == "pytorch", "--format must be pytorch (nanoGPT's checkpoint layout), got '",
               a.format, "'");
   TORCH_CHECK(!a.out.empty(), "--out must name a file");
-  const auto ck = train::read_checkpoint(train::resolve_checkpoint_path(a.checkpoint));
+  const auto ck = open_checkpoint(a.checkpoint);
   const auto notes = interop::export_nanogpt(ck, a.out, a.overwrite);
   for (const auto& note : notes) logger()->warn("note: {}", note);
   logger()->info("wrote {}: step {}, {} parameters with nanoGPT's names; in Python: "
@@ -943,6 +985,12 @@ int main(int argc, char** argv) {
                         "also rebuild the model, load the weights and run it once");
   inspect_cmd->add_flag("--json", inspect_args.json, "one JSON object instead of text");
 
+  UpgradeArgs upgrade_args;
+  auto* upgrade_cmd = app.add_subcommand(
+      "upgrade", "rewrite an older checkpoint (format 1 or 2) in today's format; format 1 only if you trust it");
+  upgrade_cmd->add_option("checkpoint", upgrade_args.checkpoint, "checkpoint file or run directory")->required();
+  upgrade_cmd->add_option("--out", upgrade_args.out, "the new file (never overwritten)")->required();
+
   PrepareArgs prepare_args;
   auto* prepare_cmd = app.add_subcommand("prepare", "text -> tokenizer + token files (train with --task tokens)");
   prepare_cmd->add_option("--data", prepare_args.data,
@@ -1020,6 +1068,7 @@ int main(int argc, char** argv) {
     if (*sample_cmd) return run_sample(s);
     if (*bench_cmd) return run_bench(bench_args);
     if (*inspect_cmd) return run_inspect(inspect_args);
+    if (*upgrade_cmd) return run_upgrade(upgrade_args);
     if (*export_cmd) return run_export(export_args);
     if (*import_cmd) return run_import(import_args);
     if (*prepare_cmd) return run_prepare(prepare_args);

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -212,6 +213,19 @@ uint64_t available_memory_bytes() {
         continue;
       }
       const uint64_t room = limit > current ? limit - current : 0;
+      if (available == 0 || room < available) available = room;
+    }
+  }
+  // An address-space limit (ulimit -v): what is left of it. Allocations past it fail
+  // however much memory the machine has.
+  struct rlimit as_limit {};
+  if (::getrlimit(RLIMIT_AS, &as_limit) == 0 && as_limit.rlim_cur != RLIM_INFINITY) {
+    std::ifstream statm("/proc/self/statm");
+    uint64_t pages = 0;
+    if (statm >> pages) {
+      const uint64_t used = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      const uint64_t limit = static_cast<uint64_t>(as_limit.rlim_cur);
+      const uint64_t room = limit > used ? limit - used : 1;
       if (available == 0 || room < available) available = room;
     }
   }

@@ -30,8 +30,9 @@ size_t utf8_valid_prefix(std::string_view s);
 /// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string to_valid_utf8(std::string_view s);
 
-/// Memory this process can still take, in bytes: the smaller of the kernel's
-/// MemAvailable and the room left under a cgroup v2 limit. 0 when unknown.
+/// Memory this process can still take, in bytes: the smallest of the kernel's
+/// MemAvailable, the room left under a cgroup v2 limit and the address space left under
+/// RLIMIT_AS. 0 when unknown.
 uint64_t available_memory_bytes();
 
 /// CPUs this process may run on (its affinity mask); at least 1.

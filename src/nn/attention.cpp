@@ -1,6 +1,7 @@
 // Multi-head self-attention.
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
 #include <tinylm/nn/attention.h>
+#include <tinylm/log.h>
 #include "nn/fused_attention.h"
 
 #include <torch/torch.h>
@@ -133,7 +134,7 @@ AttentionKernel attention_kernel_from_string(const std::string& name) {
   for (auto k : {AttentionKernel::automatic, AttentionKernel::plain, AttentionKernel::fused,
                  AttentionKernel::sdpa})
     if (name == to_string(k)) return k;
-  TORCH_CHECK(false, "unknown attention kernel '", name, "': use automatic, plain, fused or sdpa");
+  TORCH_CHECK(false, "unknown attention kernel '", printable(name), "': use automatic, plain, fused or sdpa");
 }
 
 AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, bool return_weights,

@@ -1,6 +1,7 @@
 // FeedForward and the transformer block.
 // B = batch, T = sequence length, D = d_model, e = mlp expansion
 #include <tinylm/nn/block.h>
+#include <tinylm/log.h>
 
 #include <torch/torch.h>
 
@@ -17,7 +18,7 @@ const char* to_string(Activation a) { return a == Activation::gelu ? "gelu" : "g
 Activation activation_from_string(const std::string& s) {
   if (s == "gelu-tanh") return Activation::gelu_tanh;
   if (s == "gelu") return Activation::gelu;
-  TORCH_CHECK(false, "unknown activation '", s, "': use gelu-tanh or gelu");
+  TORCH_CHECK(false, "unknown activation '", printable(s), "': use gelu-tanh or gelu");
   return Activation::gelu_tanh;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
@@ -92,8 +93,8 @@ class OptionReader {
   template <typename Set>
   void boolean(const char* key, Set set) {
     if (auto* v = find(key)) {
-      TORCH_CHECK(*v == "true" || *v == "false", "model option ", key, " = '", *v,
-                  "' in a ", a_.kind, " architecture is not true or false");
+      TORCH_CHECK(*v == "true" || *v == "false", "model option ", key, " = '", printable(*v),
+                  "' in a ", printable(a_.kind), " architecture is not true or false");
       set(*v == "true");
     }
   }
@@ -105,7 +106,8 @@ class OptionReader {
     for (const auto& [key, value] : a_.options)
       if (!read_.count(key))
         logger()->warn("model option '{}' = '{}' of a {} model (version {}) is unknown to this "
-                       "tinylm (written by a newer one?): ignored", key, value, a_.kind, a_.version);
+                       "tinylm (written by a newer one?): ignored", printable(key), printable(value),
+                       printable(a_.kind), a_.version);
   }
 
  private:
@@ -123,8 +125,8 @@ class OptionReader {
     } catch (const std::exception&) {
       used = 0;
     }
-    TORCH_CHECK(used == v.size() && !v.empty(), "model option ", key, " = '", v, "' in a ",
-                a_.kind, " architecture is not a number");
+    TORCH_CHECK(used == v.size() && !v.empty(), "model option ", key, " = '", printable(v), "' in a ",
+                printable(a_.kind), " architecture is not a number");
     return out;
   }
   const ModelArchitecture& a_;
@@ -137,7 +139,7 @@ class OptionReader {
 void check_fits(const ModelArchitecture& a, double parameters, double layers, double C, double D) {
   const double bytes = 4.0 * parameters + layers * C * C + 4.0 * C * D;
   const uint64_t available = internal::available_memory_bytes();
-  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", a.kind,
+  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", printable(a.kind),
               " model with these options needs about ", internal::human_bytes(bytes),
               " for its weights and buffers, but ", internal::human_bytes(static_cast<double>(available)),
               " is available: lower vocab_size, context_length, d_model or n_layers");
@@ -154,8 +156,20 @@ std::string text_of(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-LanguageModel build_model(const ModelArchitecture& a) {
-  TORCH_CHECK(a.version >= 1 && a.version <= 1, "a ", a.kind, " model of option version ",
+namespace {
+
+/// The options an architecture of tinylm's own kinds describes, read and checked (no
+/// model built); `warn`: log the options this tinylm does not know.
+struct ParsedArchitecture {
+  std::optional<TinyAttentionLMOptions> tiny;
+  std::optional<TransformerLMOptions> transformer;
+};
+
+ParsedArchitecture parse_architecture(const ModelArchitecture& a, bool warn) {
+  TORCH_CHECK(a.kind == "tiny" || a.kind == "transformer", "cannot build a model of kind '", printable(a.kind),
+              "': tinylm builds tiny and transformer models; build yours in your own code and "
+              "load the checkpoint's weights into it with load_model_state");
+  TORCH_CHECK(a.version >= 1 && a.version <= 1, "a ", printable(a.kind), " model of option version ",
               a.version, " is newer than this tinylm understands (version 1): upgrade tinylm");
   OptionReader r(a);
   int64_t V = 0, C = 0, D = 0, H = 0, L = 1;
@@ -165,34 +179,74 @@ LanguageModel build_model(const ModelArchitecture& a) {
   r.integer("n_heads", [&](int64_t v) { H = v; });
   AttentionKernel kernel = AttentionKernel::automatic;
   r.text("attention_kernel", [&](const std::string& v) { kernel = attention_kernel_from_string(v); });
-  const double v = static_cast<double>(V), c = static_cast<double>(C), d = static_cast<double>(D);
+  ParsedArchitecture out;
   if (a.kind == "tiny") {
     TinyAttentionLMOptions o(V, C, D, H);
     o.attention_kernel(kernel);
     r.real("pos_base", [&](double v) { o.pos_base(v); });
-    r.finish();
-    check_fits(a, 2 * v * d + v + 4 * d * d + 4 * d, 1, c, d);
+    out.tiny = o;
+  } else {
+    r.integer("n_layers", [&](int64_t v) { L = v; });
+    TransformerLMOptions o(V, C, D, H, L);
+    o.attention_kernel(kernel);
+    r.integer("mlp_expansion", [&](int64_t v) { o.mlp_expansion(v); });
+    r.real("dropout", [&](double v) { o.dropout(v); });
+    r.real("attn_dropout", [&](double v) { o.attn_dropout(v); });
+    r.boolean("bias", [&](bool v) { o.bias(v); });
+    r.boolean("pre_ln", [&](bool v) { o.pre_ln(v); });
+    r.text("activation", [&](const std::string& v) { o.activation(activation_from_string(v)); });
+    r.boolean("tie_weights", [&](bool v) { o.tie_weights(v); });
+    r.text("positions", [&](const std::string& v) { o.positions(position_encoding_from_string(v)); });
+    r.real("pos_base", [&](double v) { o.pos_base(v); });
+    out.transformer = o;
+  }
+  if (warn) r.finish();
+  return out;
+}
+
+/// Parameter elements, in double (sizes read from a file may be absurd): what the
+/// modules below register, matrix by matrix.
+double parameter_elements(const TinyAttentionLMOptions& o) {
+  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model());
+  return v * d                  // token embedding
+         + 4 * d * d + 4 * d    // qkv and output projections, with biases
+         + d * v + v;           // lm_head, with bias
+}
+double parameter_elements(const TransformerLMOptions& o) {
+  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model()),
+               c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
+               e = static_cast<double>(o.mlp_expansion());
+  const double biases = o.bias() ? 4 * d + e * d + d : 0;  // attention (qkv, out), mlp (fc, proj)
+  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 4 * d;  // + two LayerNorms
+  return v * d + (o.positions() == PositionEncoding::learned ? c * d : 0) + l * per_layer +
+         2 * d                                  // ln_f
+         + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
+}
+
+int64_t exact_count(const ModelArchitecture& a, double elements) {
+  TORCH_CHECK(elements >= 0 && elements < 9e18, "a ", printable(a.kind), " model with these options would have ",
+              elements, " parameters, more than any model can");
+  return static_cast<int64_t>(elements);
+}
+
+}  // namespace
+
+int64_t parameter_count(const ModelArchitecture& a) {
+  const auto p = parse_architecture(a, /*warn=*/false);
+  // Exact once below 2^53; the checks upstream (vocab, d_model >= 1 ...) come at build time.
+  return p.tiny ? exact_count(a, parameter_elements(*p.tiny)) : exact_count(a, parameter_elements(*p.transformer));
+}
+
+LanguageModel build_model(const ModelArchitecture& a) {
+  const auto p = parse_architecture(a, /*warn=*/true);
+  if (p.tiny) {
+    const auto& o = *p.tiny;
+    check_fits(a, parameter_elements(o), 1, static_cast<double>(o.context_length()), static_cast<double>(o.d_model()));
     return std::make_shared<TinyAttentionLMImpl>(o);
   }
-  TORCH_CHECK(a.kind == "transformer", "cannot build a model of kind '", a.kind,
-              "': tinylm builds tiny and transformer models; build yours in your own code and "
-              "load the checkpoint's weights into it with load_model_state");
-  r.integer("n_layers", [&](int64_t v) { L = v; });
-  TransformerLMOptions o(V, C, D, H, L);
-  o.attention_kernel(kernel);
-  r.integer("mlp_expansion", [&](int64_t v) { o.mlp_expansion(v); });
-  r.real("dropout", [&](double v) { o.dropout(v); });
-  r.real("attn_dropout", [&](double v) { o.attn_dropout(v); });
-  r.boolean("bias", [&](bool v) { o.bias(v); });
-  r.boolean("pre_ln", [&](bool v) { o.pre_ln(v); });
-  r.text("activation", [&](const std::string& v) { o.activation(activation_from_string(v)); });
-  r.boolean("tie_weights", [&](bool v) { o.tie_weights(v); });
-  r.text("positions", [&](const std::string& v) { o.positions(position_encoding_from_string(v)); });
-  r.real("pos_base", [&](double v) { o.pos_base(v); });
-  r.finish();
-  const double e = static_cast<double>(o.mlp_expansion()), l = static_cast<double>(L);
-  const double per_layer = (4 + 2 * e) * d * d + (9 + e) * d;  // matrices, biases, norms
-  check_fits(a, v * d * (o.tie_weights() ? 1 : 2) + c * d + l * per_layer + 2 * d, l, c, d);
+  const auto& o = *p.transformer;
+  check_fits(a, parameter_elements(o), static_cast<double>(o.n_layers()), static_cast<double>(o.context_length()),
+             static_cast<double>(o.d_model()));
   return std::make_shared<TransformerLMImpl>(o);
 }
 
@@ -290,7 +344,7 @@ PositionEncoding position_encoding_from_string(const std::string& s) {
   if (s == "learned") return PositionEncoding::learned;
   if (s == "sinusoidal") return PositionEncoding::sinusoidal;
   if (s == "none") return PositionEncoding::none;
-  TORCH_CHECK(false, "unknown position encoding '", s, "': use learned, sinusoidal or none");
+  TORCH_CHECK(false, "unknown position encoding '", printable(s), "': use learned, sinusoidal or none");
 }
 
 TransformerLMOptions TransformerLMOptions::gpt2_small() {

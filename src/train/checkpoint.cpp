@@ -208,8 +208,11 @@ void read_legacy_payload(Checkpoint& ck, const std::string& payload) {
     std::istringstream in(payload);
     ck.legacy_archive->load_from(in);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "checkpoint '", path, "' has a payload LibTorch cannot read: ",
-                e.what_without_backtrace());
+    // LibTorch's messages (a TorchScript compile error) run over many lines: one here.
+    std::string why = e.what_without_backtrace();
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    if (why.size() > 240) why = why.substr(0, 240) + "...";
+    TORCH_CHECK(false, "checkpoint '", path, "' has a payload LibTorch cannot read: ", internal::printable(why));
   }
   auto& a = *ck.legacy_archive;
   ck.recipe = read_string(a, "config", path);
@@ -265,14 +268,17 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     return it->second;
   };
   auto json_field = [&](const char* key, const char* what) {
+    const std::string& text = field(key);
+    nlohmann::json j;
     try {
-      auto j = nlohmann::json::parse(field(key));
-      TORCH_CHECK(j.is_object(), "not an object");
-      return j;
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its ", what, " is unreadable (",
-                  e.what(), ")");
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its ", what, " ('", key,
+                  "') is not valid JSON (", e.what(), ")");
     }
+    TORCH_CHECK(j.is_object(), "checkpoint '", path, "' is damaged: its ", what, " ('", key,
+                "') is a JSON ", j.type_name(), " where an object belongs");
+    return j;
   };
   field("format");
   ck.tinylm_version = field("tinylm_version");
@@ -338,6 +344,28 @@ void check_weights_listed(const Checkpoint& ck) {
                 internal::printable(name), "'");
 }
 
+/// The architecture against the weights stored with it, before any model is built from
+/// it: an enlarged n_layers, vocab_size or d_model must be refused, not allocated first.
+void check_architecture_matches_weights(const Checkpoint& ck) {
+  const auto& a = ck.architecture;
+  if (a.kind != "tiny" && a.kind != "transformer") return;  // a user's model: their code builds it
+  int64_t expected = 0;
+  try {
+    expected = nn::parameter_count(a);
+  } catch (const c10::Error&) {
+    return;  // options it cannot read: build_model() names them, before allocating anything
+  }
+  int64_t stored = 0;
+  for (const auto& [name, t] : ck.model) stored += t.numel();
+  if (expected == stored) return;
+  std::string sizes;
+  for (const char* key : {"vocab_size", "context_length", "d_model", "n_heads", "n_layers", "mlp_expansion"})
+    if (auto it = a.options.find(key); it != a.options.end())
+      sizes += (sizes.empty() ? "" : ", ") + std::string(key) + " " + internal::printable(it->second);
+  TORCH_CHECK(false, "checkpoint '", ck.path, "' is damaged: the ", a.kind, " model it describes (", sizes,
+              ") has ", expected, " parameters, but it stores ", stored, " weights");
+}
+
 }  // namespace
 
 
@@ -393,7 +421,18 @@ std::shared_ptr<const data::Tokenizer> checkpoint_tokenizer(const Checkpoint& ck
   return data::make_tokenizer(ck.tokenizer_kind, ck.tokenizer_model, "checkpoint '" + ck.path + "'");
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+uint32_t checkpoint_format_version(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return 0;  // a FIFO would block the read: read_checkpoint says why
+  std::ifstream in(path, std::ios::binary);
+  char header[12] = {};
+  if (!in.read(header, sizeof header) || std::memcmp(header, kMagic, sizeof kMagic) != 0) return 0;
+  uint32_t version = 0;
+  std::memcpy(&version, header + 8, sizeof version);
+  return version;
+}
+
+Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options) {
   const std::string bytes = internal::read_regular_file(path, "checkpoint");
   TORCH_CHECK(bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0,
               "'", internal::printable(path), "' is not a tinylm checkpoint (it does not start with TINYLMCK)");
@@ -415,6 +454,10 @@ Checkpoint read_checkpoint(const std::string& path) {
   TORCH_CHECK(internal::crc32(bytes.data() + kHeaderSize, length) == get<uint32_t>(bytes, 24),
               "checkpoint '", path, "' is corrupt: its checksum does not match its contents");
   const std::string payload = bytes.substr(kHeaderSize);
+  TORCH_CHECK(ck.format_version != 1 || options.trust_legacy_archive, "checkpoint '", path,
+              "' is in format 1, a LibTorch archive: LibTorch's loader for those is safe for trusted files "
+              "only, so it is not read by default; convert a file you trust to today's format once "
+              "(read it with ReadOptions::trust_legacy_archive and save it again)");
   if (ck.format_version == 1) read_legacy_payload(ck, payload);
   else read_payload(ck, payload);
   if (ck.format_version < 3) {
@@ -422,6 +465,7 @@ Checkpoint read_checkpoint(const std::string& path) {
     migrate_parameter_names(ck);
   }
   check_weights_listed(ck);
+  check_architecture_matches_weights(ck);
   return ck;
 }
 

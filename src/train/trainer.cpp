@@ -5,6 +5,7 @@
 #include <tinylm/train/trainer.h>
 
 #include "internal/generator_scope.h"
+#include "internal/system.h"
 #include "internal/mode_guard.h"
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,8 @@ std::shared_ptr<spdlog::logger> logger() {
   spdlog::register_logger(made);
   return made;
 }
+
+std::string printable(std::string_view text) { return internal::printable(text); }
 
 }  // namespace tinylm
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tinylm inspect: what a checkpoint holds, as text and as JSON, checked against the
-# fixtures (formats 1 to 3); --verify rebuilds the model; bad files end with one line.
+# fixtures (formats 1 to 3; format 1 after `tinylm upgrade`); --verify rebuilds the
+# model; bad files end with one line.
 # usage: test_inspect.sh path/to/tinylm fixtures-dir scratch-dir
 set -u
 tinylm=$1; fixtures=$2; work=$3
@@ -8,8 +9,26 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
+refused() {  # refused NAME EXPECTED args...: one line naming the problem, non-zero
+  local name="$1" expected="$2"; shift 2
+  local out status
+  out="$("$tinylm" inspect "$@" 2>&1)"; status=$?
+  if [ "$status" -eq 0 ]; then fail "$name: exited 0"; return; fi
+  if ! grep -qF -- "$expected" <<<"$out"; then fail "$name: no '$expected' in: $out"; return; fi
+  if [ "$(grep -c . <<<"$out")" -ne 1 ]; then fail "$name: not one line: $out"; return; fi
+  echo "ok   $name: $out"
+}
 for ck in "$fixtures"/v*-step12.ckpt; do
   name=$(basename "$ck")
+  if [ "${name#v1-}" != "$name" ]; then
+    # Format 1 (a LibTorch archive) is refused until the user, trusting it, upgrades it.
+    refused "$name untrusted" "tinylm upgrade $ck --out NEW.ckpt" "$ck"
+    "$tinylm" upgrade "$ck" --out "up-$name" > "up-$name.txt" 2>&1 || { fail "upgrade $name: status $?"; cat "up-$name.txt"; continue; }
+    grep -q "^upgraded .* (format 1, step 12) to up-$name (format 3)$" "up-$name.txt" || fail "upgrade $name: $(cat "up-$name.txt")"
+    out=$("$tinylm" upgrade "$ck" --out "up-$name" 2>&1) && fail "upgrade over an existing file exited 0"
+    grep -q "already exists: tinylm never overwrites" <<<"$out" || fail "upgrade over an existing file: $out"
+    ck="up-$name"
+  fi
   "$tinylm" inspect "$ck" --verify > "$name.txt" 2>&1 || { fail "$name: status $?"; cat "$name.txt"; continue; }
   grep -q "^step 12 | world size 1" "$name.txt" || fail "$name: no step line"
   grep -q "^verify: model rebuilt from its architecture, .* weights fit, .*: ok$" "$name.txt" || fail "$name: not verified"
@@ -38,15 +57,6 @@ sys.exit(1 if problems else 0)
 PY
 done
 
-refused() {  # refused NAME EXPECTED args...: one line naming the problem, non-zero
-  local name="$1" expected="$2"; shift 2
-  local out status
-  out="$("$tinylm" inspect "$@" 2>&1)"; status=$?
-  if [ "$status" -eq 0 ]; then fail "$name: exited 0"; return; fi
-  if ! grep -qF -- "$expected" <<<"$out"; then fail "$name: no '$expected' in: $out"; return; fi
-  if [ "$(grep -c . <<<"$out")" -ne 1 ]; then fail "$name: not one line: $out"; return; fi
-  echo "ok   $name: $out"
-}
 good="$fixtures/v3-transformer-adamw-step12.ckpt"
 size=$(stat -c %s "$good")
 head -c $((size / 2)) "$good" > truncated.ckpt
@@ -58,6 +68,33 @@ refused "truncated" "is truncated" truncated.ckpt
 refused "corrupt" "is corrupt: its checksum does not match" corrupt.ckpt
 refused "not a checkpoint" "is not a tinylm checkpoint" text.ckpt
 refused "no checkpoint in a directory" "holds no step-*.ckpt checkpoint" empty-run
+
+# Strings from the file (its version, option names and values) never reach the terminal
+# as escape sequences.
+/usr/bin/python3 - "$good" escape.ckpt <<'PY'
+import json, struct, sys, zlib
+b = open(sys.argv[1], "rb").read()
+payload = b[32:]
+n = struct.unpack("<Q", payload[:8])[0]
+index, data = json.loads(payload[8:8 + n]), payload[8 + n:]
+meta = index["__metadata__"]
+meta["tinylm_version"] = "\x1b]0;title\x07\x1b[31mred"
+model = json.loads(meta["model"])
+model["options"]["\x1b[2Jkey"] = "\x1b[5mvalue"
+meta["model"] = json.dumps(model)
+j = json.dumps(index).encode()
+j += b" " * ((8 - len(j) % 8) % 8)
+p = struct.pack("<Q", len(j)) + j + data
+h = bytearray(b[:32])
+h[16:24] = struct.pack("<Q", len(p))
+h[24:28] = struct.pack("<I", zlib.crc32(p) & 0xFFFFFFFF)
+open(sys.argv[2], "wb").write(bytes(h) + p)
+PY
+"$tinylm" inspect escape.ckpt --verify > escape.txt 2>&1 || fail "escape: status $?"
+if grep -q $'\x1b' escape.txt; then fail "escape: an escape sequence reached the terminal"
+elif ! grep -qF 'tinylm \x1B]0;title\x07\x1B[31mred' escape.txt || ! grep -qF '\x1B[2Jkey=\x1B[5mvalue' escape.txt; then
+  fail "escape: the strings are not shown escaped: $(head -3 escape.txt)"
+else echo "ok   escape sequences in a file's strings are printed escaped"; fi
 refused "missing" "missing.ckpt" missing.ckpt
 refused "not a regular file" "/dev/null" /dev/null
 

@@ -233,3 +233,25 @@ TEST_CASE("TinyAttentionLM learns the repeat task", "[train][repeat][slow]") {
   CHECK(first == Approx(std::log(32.0)).margin(0.5));
   CHECK(last < 0.5 * first);
 }
+
+TEST_CASE("parameter_count matches the built model for every option that changes it", "[nn][model]") {
+  // A checkpoint's architecture is checked against its weights with this count before
+  // any model is built: it must be exact.
+  auto tiny = TinyAttentionLMOptions(13, 7, 16, 2);
+  CHECK(parameter_count(architecture_of(tiny)) == count_parameters(*build_model(architecture_of(tiny))));
+  for (bool bias : {true, false})
+    for (bool tie : {true, false})
+      for (auto positions : {PositionEncoding::learned, PositionEncoding::sinusoidal, PositionEncoding::none})
+        for (int64_t expansion : {1, 3}) {
+          auto o = TransformerLMOptions(11, 9, 8, 2, 2).bias(bias).tie_weights(tie).positions(positions)
+                       .mlp_expansion(expansion);
+          const auto a = architecture_of(o);
+          INFO("bias " << bias << " tie " << tie << " positions " << to_string(positions) << " expansion "
+                       << expansion);
+          CHECK(parameter_count(a) == count_parameters(*build_model(a)));
+        }
+  CHECK_THAT(error_message([] { parameter_count({"mlp", 1, {}}); }), Catch::Contains("cannot build a model of kind 'mlp'"));
+  auto huge = architecture_of(TransformerLMOptions(8, 8, 8, 2, 1));
+  huge.options["n_layers"] = "100000000000000000";
+  CHECK_THAT(error_message([&] { parameter_count(huge); }), Catch::Contains("more than any model can"));
+}

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <functional>
 #include <random>
 
 using namespace tinylm;
@@ -196,7 +197,15 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
               {3.5186946392059326, 3.5339415073394775, 3.528031349182129, 3.3532612323760986}});
   INFO(f.file);
   const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
-  auto ck = read_checkpoint(path);
+  // Format 1 (a LibTorch archive) is read only when the caller trusts the file.
+  CHECK(checkpoint_format_version(path) == f.format);
+  if (f.format == 1)
+    CHECK_THAT(error_message([&] { read_checkpoint(path); }),
+               Catch::Contains("is in format 1, a LibTorch archive: LibTorch's loader for those is safe for "
+                               "trusted files only"));
+  ReadOptions trusted;
+  trusted.trust_legacy_archive = true;
+  auto ck = read_checkpoint(path, trusted);
   CHECK(ck.format_version == f.format);
   CHECK(ck.state.step == 12);
 
@@ -246,7 +255,67 @@ uint64_t index_length(const std::string& payload) {
   return n;
 }
 
+/// `good` with its JSON index rewritten by `edit` (header, lengths and CRC recomputed).
+std::string with_index(const std::string& good, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string payload = good.substr(32);
+  const uint64_t n = index_length(payload);
+  auto index = nlohmann::json::parse(payload.substr(8, n));
+  const std::string data = payload.substr(8 + n);
+  edit(index);
+  std::string json = index.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string rebuilt(8, '\0');
+  for (int i = 0; i < 8; ++i) rebuilt[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
+  return with_header(good, rebuilt + json + data);
+}
+
 }  // namespace
+
+TEST_CASE("a damaged architecture or metadata is refused before any model is built",
+          "[checkpoint][errors]") {
+  const auto dir = scratch("damaged_architecture");
+  RunConfig c = small_transformer();
+  c.out_dir = dir.string();
+  Trainer trainer = make_trainer(c);
+  trainer.save((dir / "good.ckpt").string());
+  const std::string good = read_file(dir / "good.ckpt");
+  auto refused = [&](const char* name, const std::function<void(nlohmann::json&)>& edit) {
+    write_file(dir / name, with_index(good, edit));
+    const std::string message = error_message([&] { read_checkpoint((dir / name).string()); });
+    CHECK_THAT(message, !Catch::Contains("Exception raised from"));  // no backtrace inside
+    CHECK(message.find('\n') == std::string::npos);
+    return message;
+  };
+  auto set_option = [](const char* key, const char* value) {
+    return [=](nlohmann::json& index) {
+      auto model = nlohmann::json::parse(index["__metadata__"]["model"].get<std::string>());
+      model["options"][key] = value;
+      index["__metadata__"]["model"] = model.dump();
+    };
+  };
+  // Sizes that would allocate terabytes: refused by the count, before anything is built.
+  for (const char* key : {"n_layers", "vocab_size", "d_model", "context_length"}) {
+    INFO(key);
+    CHECK_THAT(refused("big.ckpt", set_option(key, "40000000")),
+               Catch::Contains("is damaged: the transformer model it describes (") &&
+                   Catch::Contains(std::string(key) + " 40000000") && Catch::Contains("weights"));
+  }
+  CHECK_THAT(refused("mlp.ckpt", set_option("mlp_expansion", "5")), Catch::Contains("mlp_expansion 5"));
+  // Metadata missing, or JSON of the wrong type.
+  CHECK_THAT(refused("no-state.ckpt", [](nlohmann::json& i) { i["__metadata__"].erase("state"); }),
+             Catch::Contains("has no 'state' entry"));
+  CHECK_THAT(refused("state-array.ckpt", [](nlohmann::json& i) { i["__metadata__"]["state"] = "[1, 2]"; }),
+             Catch::Contains("is damaged: its training state ('state') is a JSON array where an object belongs"));
+  CHECK_THAT(refused("model-string.ckpt", [](nlohmann::json& i) { i["__metadata__"]["model"] = "\"tiny\""; }),
+             Catch::Contains("its model architecture ('model') is a JSON string where an object belongs"));
+  CHECK_THAT(refused("model-bad.ckpt", [](nlohmann::json& i) { i["__metadata__"]["model"] = "{\"kind\": 3}"; }),
+             Catch::Contains("its model architecture is unreadable"));
+  CHECK_THAT(refused("step-text.ckpt", [](nlohmann::json& i) { i["__metadata__"]["state"] = "{\"step\": \"x\"}"; }),
+             Catch::Contains("its training state is unreadable"));
+  // The parameter count is exact for every option that changes it (checked against
+  // built models in test_model.cpp): the file itself still loads.
+  CHECK(read_checkpoint((dir / "good.ckpt").string()).state.step == 0);
+}
 
 TEST_CASE("a checkpoint from a later tinylm with keys this one does not know still loads",
           "[checkpoint][compat]") {

@@ -115,6 +115,12 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 /// with a warning, missing ones take their defaults; another kind is an error.
 LanguageModel build_model(const ModelArchitecture& architecture);
 
+/// The number of parameter elements build_model() would make (a tied tensor once),
+/// computed from the options alone: nothing is allocated. Throws as build_model() does on
+/// an unknown kind or unreadable options. A checkpoint's architecture is checked against
+/// the weights it stores with it before any model is built.
+int64_t parameter_count(const ModelArchitecture& architecture);
+
 /// Checks ids for any language model: rank 2, int64, 1 <= T <= context, ids in [0, V).
 void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
                      int64_t context_length);

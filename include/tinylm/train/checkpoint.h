@@ -29,8 +29,9 @@
 //   later tinylm may add them without breaking this one.
 // Format 2 (read): the same layout, with the run config (TOML) instead of "model" and
 //   "recipe"; the architecture is derived from the config, read leniently.
-// Format 1 (read): a LibTorch archive. LibTorch's loader compiles the TorchScript inside
-//   it, so a format-1 file must come from a trusted source.
+// Format 1 (read when trusted): a LibTorch archive. LibTorch's loader compiles the
+//   TorchScript inside it and was not written for hostile input, so a format-1 file is
+//   read only when the caller says it is trusted (ReadOptions).
 // Formats 1 and 2 are migrated on reading (a transformer's "positions.*" parameters are
 // "learned_positions.*" since format 3); resuming from one writes format 3 from then on.
 // Files are written to a temporary name, fsync'ed, then renamed over the target, so a
@@ -93,10 +94,24 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
 /// tinylm, or without one).
 std::shared_ptr<const data::Tokenizer> checkpoint_tokenizer(const Checkpoint& checkpoint);
 
+/// How read_checkpoint() treats files of older formats.
+struct ReadOptions {
+  /// Format 1 files are LibTorch archives, read by LibTorch's own loader, which is safe
+  /// for trusted files only (it was not written for hostile input). They are refused
+  /// unless this is set: set it to convert a file you trust, once, to today's format.
+  bool trust_legacy_archive = false;
+};
+
 /// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt, damaged or
 /// newer-format file, or anything that is not a regular file, is refused with an error
-/// naming the file and the problem. Older formats are migrated (see above).
-Checkpoint read_checkpoint(const std::string& path);
+/// naming the file and the problem. Older formats are migrated (see above). The model
+/// architecture is checked against the stored weights (its parameter count) here, so a
+/// damaged architecture is refused before any model is built from it.
+Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options = {});
+
+/// The format version in a checkpoint's header, reading nothing else; 0 when `path`
+/// cannot be read or does not start like a tinylm checkpoint (read_checkpoint says why).
+uint32_t checkpoint_format_version(const std::string& path);
 
 /// Copies the checkpoint's weights into `model` after checking that every parameter is
 /// there with the same shape and dtype, that the checkpoint holds no others (LibTorch's
