@@ -602,7 +602,8 @@ int run_inspect(const InspectArgs& a) {
   const int64_t dropout_streams =
       st.dropout_rng_state.defined() ? (st.dropout_rng_state.dim() == 2 ? st.dropout_rng_state.size(0) : 1) : 0;
   // Built (and so checked) only for what it says; a SentencePiece model needs its module.
-  std::string tokenizer = "none stored (written before tinylm stored tokenizers): the task's own symbols";
+  std::string tokenizer =
+      "none stored (an import without --tokenizer, or written before tinylm stored tokenizers): the task's own symbols";
   nlohmann::ordered_json tokenizer_json = nullptr;
   if (!ck.tokenizer_kind.empty()) {
     tokenizer = ck.tokenizer_kind + " (" + std::to_string(ck.tokenizer_model.size()) + " bytes of model)";
@@ -823,12 +824,15 @@ int run_import(const ImportArgs& a) {
   cfg.activation = "gelu";
   cfg.bias = o.bias();
   cfg.tie_weights = o.tie_weights();
-  cfg.seq_len = std::min<int64_t>(cfg.seq_len, o.context_length());
+  cfg.seq_len = o.context_length();  // fine-tuning trains on the model's whole context
+  cfg.dropout = o.dropout();
+  cfg.optimizer = "adamw";           // nanoGPT's (any optimizer may be chosen: no state is stored)
   cfg.out_dir = std::filesystem::path(a.out).has_parent_path()
                     ? std::filesystem::path(a.out).parent_path().string() : ".";
   validate(cfg);
   train::TrainingState state;
   state.step = imported.iter_num;
+  state.epoch_loss_steps = 0;  // nanoGPT's losses are not known: epoch means count tinylm's steps only
   train::save_checkpoint(a.out, *imported.model, nullptr, state, to_toml(cfg), tokenizer.get());
   for (const auto& note : imported.notes) logger()->warn("note: {}", note);
   logger()->info("wrote {}: a transformer ({} layers, d_model {}, {} heads, vocab {}, context {}, exact "

@@ -4,6 +4,7 @@
 #include <tinylm/nn/model.h>
 
 #include "internal/system.h"
+#include "interop/torch_file.h"
 
 #include <ATen/core/Dict.h>
 #include <caffe2/serialize/inline_container.h>
@@ -106,8 +107,16 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
     fit.refusals.push_back(std::string("its positions are ") + nn::to_string(o.positions()) +
                            "; nanoGPT's are learned");
   if (!o.tie_weights()) fit.refusals.push_back("its LM head is untied; nanoGPT ties it to the token embedding");
-  if (!o.bias())
-    fit.refusals.push_back("it has no Linear biases but LayerNorm biases; nanoGPT's bias=False drops both");
+  if (!o.bias()) {
+    // nanoGPT's bias=False has no LayerNorm biases either: exported where tinylm's are zero
+    // (a bias=False import, untouched).
+    for (const auto& [name, t] : ck.model)
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 && t.count_nonzero().item<int64_t>() != 0) {
+        fit.refusals.push_back("it has no Linear biases but non-zero LayerNorm biases ('" + internal::printable(name) +
+                               "'); nanoGPT's bias=False has neither");
+        break;
+      }
+  }
   if (o.mlp_expansion() != 4)
     fit.refusals.push_back("its MLP expands " + std::to_string(o.mlp_expansion()) + "x; nanoGPT's 4x");
   if (o.activation() == nn::Activation::gelu_tanh)
@@ -137,7 +146,11 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
   auto model = nn::build_model(ck.architecture);
   const auto& o = dynamic_cast<const nn::TransformerLMImpl&>(*model).options;
   c10::Dict<std::string, at::Tensor> state;
-  for (const auto& name : ck.parameter_names) state.insert(nanogpt_name(name), ck.model.at(name).contiguous());
+  for (const auto& name : ck.parameter_names) {
+    const bool layer_norm_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (!o.bias() && layer_norm_bias) continue;  // zero (checked above): nanoGPT's bias=False has none
+    state.insert(nanogpt_name(name), ck.model.at(name).contiguous());
+  }
   // nanoGPT's state dict names the tied head under both names, as PyTorch's does.
   state.insert("lm_head.weight", ck.model.at("token_embedding.weight").contiguous());
 
@@ -167,88 +180,85 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
 
 NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   TORCH_CHECK(n_heads >= 0, "import: n_heads must be >= 0 (0 = the checkpoint's), got ", n_heads);
-  const std::string bytes = internal::read_regular_file(path, "nanoGPT checkpoint");
-  // torch.save's format since PyTorch 1.6: a zip archive holding the pickle and the tensors.
-  TORCH_CHECK(bytes.rfind("PK\x03\x04", 0) == 0, "'", path, "' is not a file Python's torch.save "
-              "wrote (not its zip format; PyTorch before 1.6 wrote another: save it again with a newer one)");
-  c10::IValue top;
-  try {
-    top = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    std::string why = e.what();
-    if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
-    why = why.substr(0, std::min(why.find('\n'), size_t{160}));
-    // LibTorch's unpickler reads dicts, lists and tensors; before 2.1 it lacks APPEND (a
-    // one-element list: an optimizer's param_groups) and an OrderedDict (a state_dict()).
-    TORCH_CHECK(false, "'", path, "' holds a pickle this LibTorch cannot read (", internal::printable(why),
-                "): save plain dicts of tensors in Python, e.g. torch.save({'model': dict(ck['model']), "
-                "'model_args': ck['model_args']}, PATH)");
-  }
-  TORCH_CHECK(top.isGenericDict(), "'", path, "' holds a ", top.tagKind(),
+  // Read with tinylm's own checked reader (interop/torch_file.h), never LibTorch's
+  // unpickler: the file comes from elsewhere.
+  const internal::TorchFile file(internal::read_regular_file(path, "nanoGPT checkpoint"), path);
+  const std::string where = "'" + internal::printable(path) + "'";
+  using Kind = internal::PyValue::Kind;
+  const auto& top = file.root();
+  TORCH_CHECK(top.kind == Kind::dict, where, " holds a ", top.kind_name(),
               ", not a dict: expected nanoGPT's checkpoint or a state dict");
   NanoGPTImport result;
-  auto state = top.toGenericDict();
-  std::optional<c10::impl::GenericDict> args;
-  if (state.contains("model") && state.at("model").isGenericDict()) {
-    const auto outer = state;
-    state = outer.at("model").toGenericDict();
-    if (outer.contains("model_args") && outer.at("model_args").isGenericDict())
-      args = outer.at("model_args").toGenericDict();
-    if (outer.contains("iter_num") && outer.at("iter_num").isInt()) result.iter_num = outer.at("iter_num").toInt();
+  const internal::PyValue* state = &top;
+  const internal::PyValue* args = nullptr;
+  if (const auto* model = top.find("model"); model && model->kind == Kind::dict) {
+    state = model;
+    if (const auto* a = top.find("model_args"); a && a->kind == Kind::dict) args = a;
+    if (const auto* i = top.find("iter_num"); i && i->kind == Kind::integer) result.iter_num = i->integer;
+    if (top.find("optimizer"))
+      result.notes.push_back("its optimizer state is not imported: training it further starts a fresh optimizer");
   }
-  std::map<std::string, torch::Tensor> weights;
+
+  // Names and shapes first, from the file's own description: nothing is read or built
+  // until every key and shape has been checked.
+  std::map<std::string, const internal::TensorRecord*> weights;
   int64_t masks = 0;
   bool converted = false, prefixed = false;
-  for (const auto& entry : state) {
-    TORCH_CHECK(entry.key().isString(), "'", path, "': its state dict has a key that is not a string");
-    std::string name = entry.key().toStringRef();
+  for (const auto& [key, value] : state->entries) {
+    TORCH_CHECK(key->kind == Kind::string, where, ": its state dict has a key that is a ", key->kind_name(),
+                ", not a string");
+    std::string name = key->text;
     if (name.rfind("_orig_mod.", 0) == 0) {
       name = name.substr(10);
       prefixed = true;
     }
-    TORCH_CHECK(entry.value().isTensor(), "'", path, "': '", internal::printable(name), "' is a ",
-                entry.value().tagKind(), ", not a tensor");
-    auto t = entry.value().toTensor();
+    TORCH_CHECK(value->kind == Kind::tensor, where, ": '", internal::printable(name), "' is a ",
+                value->kind_name(), ", not a tensor");
+    const auto& record = *value->tensor;
     const std::string suffix = ".attn.bias";  // nanoGPT's causal mask, without flash attention
-    if (t.dim() == 4 && name.size() > suffix.size() &&
+    if (record.sizes.size() == 4 && name.size() > suffix.size() &&
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       ++masks;
       continue;
     }
-    if (t.scalar_type() != torch::kFloat) {
-      TORCH_CHECK(t.is_floating_point(), "'", path, "': '", internal::printable(name), "' is ",
-                  t.scalar_type(), ", not floating point");
-      t = t.to(torch::kFloat);
-      converted = true;
-    }
-    weights[name] = t.contiguous();
+    TORCH_CHECK(c10::isFloatingType(record.dtype), where, ": '", internal::printable(name), "' is ",
+                record.dtype, ", not floating point");
+    converted = converted || record.dtype != c10::ScalarType::Float;
+    TORCH_CHECK(weights.emplace(name, &record).second, where, " holds '", internal::printable(name), "' twice");
   }
   if (prefixed) result.notes.push_back("stripped torch.compile's '_orig_mod.' prefix");
   if (masks) result.notes.push_back("skipped " + std::to_string(masks) + " causal-mask buffers (attn.bias)");
   if (converted) result.notes.push_back("converted weights to float32");
 
-  auto need = [&](const std::string& name, int64_t dims) -> const torch::Tensor& {
+  auto shape_text = [](const std::vector<int64_t>& sizes) {
+    std::string out = "[";
+    for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+    return out + "]";
+  };
+  auto need = [&](const std::string& name, size_t dims) -> const internal::TensorRecord& {
     auto it = weights.find(name);
-    TORCH_CHECK(it != weights.end(), "'", path, "' has no '", name,
+    TORCH_CHECK(it != weights.end(), where, " has no '", name,
                 "': not the state dict of nanoGPT's GPT (pre-LN, learned positions)");
-    TORCH_CHECK(it->second.dim() == dims, "'", path, "': '", name, "' has shape ", it->second.sizes(),
+    TORCH_CHECK(it->second->sizes.size() == dims, where, ": '", name, "' has shape ", shape_text(it->second->sizes),
                 ", expected ", dims, " dimensions");
-    return it->second;
+    return *it->second;
   };
   const auto& wte = need("transformer.wte.weight", 2);
   const auto& wpe = need("transformer.wpe.weight", 2);
-  const int64_t V = wte.size(0), D = wte.size(1), C = wpe.size(0);
+  const int64_t V = wte.sizes[0], D = wte.sizes[1], C = wpe.sizes[0];
+  TORCH_CHECK(V >= 1 && D >= 1 && C >= 1, where, ": its embeddings are empty");
   int64_t L = 0;
   while (weights.count("transformer.h." + std::to_string(L) + ".ln_1.weight")) ++L;
-  TORCH_CHECK(L >= 1, "'", path, "' has no transformer.h.0 block");
+  TORCH_CHECK(L >= 1, where, " has no transformer.h.0 block");
   const bool bias = weights.count("transformer.h.0.attn.c_attn.bias") > 0;
   auto arg = [&](const char* key) -> std::optional<int64_t> {
-    if (!args || !args->contains(key) || !args->at(key).isInt()) return std::nullopt;
-    return args->at(key).toInt();
+    const auto* v = args ? args->find(key) : nullptr;
+    if (!v || v->kind != Kind::integer) return std::nullopt;
+    return v->integer;
   };
   int64_t H = n_heads;
   if (H == 0) {
-    TORCH_CHECK(arg("n_head"), "'", path, "' does not say its number of heads (a bare state dict, "
+    TORCH_CHECK(arg("n_head"), where, " does not say its number of heads (a bare state dict, "
                 "or no model_args): give the number of heads");
     H = *arg("n_head");
   }
@@ -256,45 +266,82 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
       {"n_layer", L}, {"n_embd", D}, {"vocab_size", V}, {"block_size", C}, {"n_head", H}};
   for (const auto& [key, value] : implied) {
     const auto stated = arg(key);
-    TORCH_CHECK(!stated || *stated == value, "'", path, "': model_args says ", key, "=", *stated,
+    TORCH_CHECK(!stated || *stated == value, where, ": model_args says ", key, "=", *stated,
                 " but ", n_heads && std::string(key) == "n_head" ? "the number of heads given is "
                                                                  : "the weights imply ", value);
   }
-  TORCH_CHECK(H >= 1 && D % H == 0, "'", path, "': ", H, " heads do not divide the width ", D);
-  const bool tied = !weights.count("lm_head.weight") || torch::equal(weights.at("lm_head.weight"), wte);
+  TORCH_CHECK(H >= 1 && D % H == 0, where, ": ", H, " heads do not divide the width ", D);
+  if (const auto* b = args ? args->find("bias") : nullptr; b && b->kind == Kind::boolean)
+    TORCH_CHECK(b->boolean == bias, where, ": model_args says bias=", b->boolean ? "True" : "False",
+                " but the weights ", bias ? "have" : "lack", " biases");
+  double dropout = 0.0;
+  if (const auto* d = args ? args->find("dropout") : nullptr; d && (d->kind == Kind::real || d->kind == Kind::integer)) {
+    dropout = d->kind == Kind::real ? d->real : static_cast<double>(d->integer);
+    TORCH_CHECK(dropout >= 0 && dropout < 1, where, ": model_args says dropout=", dropout, ", outside [0, 1)");
+  }
 
+  // Every weight nanoGPT's GPT with these sizes has, with its shape, and nothing else.
   auto options = nn::TransformerLMOptions(V, C, D, H, L)
                      .activation(nn::Activation::gelu)
                      .bias(bias)
-                     .tie_weights(tied)
                      .pre_ln(true)
                      .positions(nn::PositionEncoding::learned)
-                     .mlp_expansion(4);
+                     .mlp_expansion(4)
+                     .dropout(dropout);
+  std::map<std::string, std::vector<int64_t>> expected = {
+      {"transformer.wte.weight", {V, D}}, {"transformer.wpe.weight", {C, D}}, {"transformer.ln_f.weight", {D}}};
+  if (bias) expected["transformer.ln_f.bias"] = {D};
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string b = "transformer.h." + std::to_string(l) + ".";
+    const std::pair<const char*, std::vector<int64_t>> per_block[] = {
+        {"ln_1.weight", {D}},          {"attn.c_attn.weight", {3 * D, D}}, {"attn.c_proj.weight", {D, D}},
+        {"ln_2.weight", {D}},          {"mlp.c_fc.weight", {4 * D, D}},    {"mlp.c_proj.weight", {D, 4 * D}}};
+    for (const auto& [name, shape] : per_block) expected[b + name] = shape;
+    if (bias) {
+      const std::pair<const char*, std::vector<int64_t>> biases[] = {
+          {"ln_1.bias", {D}}, {"attn.c_attn.bias", {3 * D}}, {"attn.c_proj.bias", {D}},
+          {"ln_2.bias", {D}}, {"mlp.c_fc.bias", {4 * D}},    {"mlp.c_proj.bias", {D}}};
+      for (const auto& [name, shape] : biases) expected[b + name] = shape;
+    }
+  }
+  const auto head = weights.find("lm_head.weight");
+  if (head != weights.end()) expected["lm_head.weight"] = {V, D};
+  for (const auto& [name, shape] : expected) {
+    auto it = weights.find(name);
+    TORCH_CHECK(it != weights.end(), where, " has no '", name, "', which nanoGPT's GPT with ", L, " layers",
+                bias ? "" : " and no biases", " has");
+    TORCH_CHECK(it->second->sizes == shape, where, ": '", name, "' has shape ", shape_text(it->second->sizes),
+                " but a GPT with n_embd=", D, ", vocab_size=", V, ", block_size=", C, " has ", shape_text(shape));
+  }
+  for (const auto& [name, record] : weights)
+    TORCH_CHECK(expected.count(name), where, " has '", internal::printable(name),
+                "', which nanoGPT's GPT with these model args does not have (a different model?)");
+
+  // Checked: read the weights, one at a time, into the model.
+  auto read = [&](const std::string& name) { return file.tensor(*weights.at(name)).to(torch::kFloat); };
+  bool tied = true;
+  if (head != weights.end()) {
+    const auto& h = *head->second;
+    const bool same_view = h.storage_key == wte.storage_key && h.offset == wte.offset && h.strides == wte.strides;
+    tied = same_view || torch::equal(read("lm_head.weight"), read("transformer.wte.weight"));
+  }
+  options.tie_weights(tied);
   result.model = nn::build_model(nn::architecture_of(options));  // checks that it fits in memory
-  std::set<std::string> used;
   torch::NoGradGuard no_grad;
   for (auto& p : result.model->named_parameters()) {
     const std::string theirs = nanogpt_name(p.key());
-    auto it = weights.find(theirs);
-    if (it == weights.end() && !bias && p.key().size() > 5 &&
-        p.key().compare(p.key().size() - 5, 5, ".bias") == 0) {
-      p.value().zero_();  // bias=False: nanoGPT's LayerNorm has no bias, tinylm's is zero
+    if (!weights.count(theirs)) {
+      // bias=False: nanoGPT's LayerNorm has no bias, tinylm's is zero.
+      TORCH_CHECK(!bias && p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0, where,
+                  " has no '", theirs, "'");
+      p.value().zero_();
       continue;
     }
-    TORCH_CHECK(it != weights.end(), "'", path, "' has no '", theirs, "', which nanoGPT's GPT with ",
-                L, " layers", bias ? "" : " and no biases", " has");
-    TORCH_CHECK(it->second.sizes() == p.value().sizes(), "'", path, "': '", theirs, "' has shape ",
-                it->second.sizes(), " but a GPT with n_embd=", D, ", vocab_size=", V,
-                ", block_size=", C, " has ", p.value().sizes());
-    p.value().copy_(it->second);
-    used.insert(theirs);
+    p.value().copy_(read(theirs));
   }
-  if (tied) used.insert("lm_head.weight");
-  for (const auto& [name, t] : weights)
-    TORCH_CHECK(used.count(name), "'", path, "' has '", internal::printable(name),
-                "', which nanoGPT's GPT with these model args does not have (a different model?)");
   if (!bias) result.notes.push_back("bias=False: tinylm's LayerNorm biases are set to zero");
   if (!tied) result.notes.push_back("its lm_head differs from its token embedding: an untied model");
+  if (dropout > 0) result.notes.push_back("dropout " + std::to_string(dropout) + " from its model_args");
   return result;
 }
 

@@ -71,7 +71,12 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
       {"sinusoidal", "its positions are sinusoidal",
        nn::TransformerLM(small().positions(nn::PositionEncoding::sinusoidal)).ptr()},
       {"untied", "its LM head is untied", nn::TransformerLM(small().tie_weights(false)).ptr()},
-      {"no-bias", "it has no Linear biases", nn::TransformerLM(small().bias(false)).ptr()},
+      {"no-bias", "it has no Linear biases but non-zero LayerNorm biases ('blocks.0.ln1.bias')", [] {
+         nn::TransformerLM m(small().bias(false));
+         torch::NoGradGuard no_grad;
+         m->blocks[0]->as<nn::TransformerBlockImpl>()->ln1->bias.fill_(0.5);  // trained: not nanoGPT's bias=False
+         return m.ptr();
+       }()},
       {"expansion", "its MLP expands 2x", nn::TransformerLM(small().mlp_expansion(2)).ptr()},
   };
   for (auto& c : cases) {
@@ -83,6 +88,17 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
                Catch::Contains("cannot export") && Catch::Contains(c.reason));
     CHECK_FALSE(std::filesystem::exists(out));
   }
+  // bias=False with zero LayerNorm biases (an untouched nanoGPT import) is nanoGPT's
+  // bias=False: exported without them.
+  nn::TransformerLM no_bias(small().bias(false).activation(nn::Activation::gelu));
+  const auto ck = checkpoint_of(*no_bias, dir, "zero-ln-bias");
+  CHECK(interop::nanogpt_fit(ck).refusals.empty());
+  const auto out = (dir / "zero-ln-bias.pt").string();
+  interop::export_nanogpt(ck, out);
+  const auto top = read_pickle(out);
+  CHECK_FALSE(top.at("model").toGenericDict().contains("transformer.ln_f.bias"));
+  CHECK(top.at("model").toGenericDict().contains("transformer.ln_f.weight"));
+  CHECK(top.at("model_args").toGenericDict().at("bias").toBool() == false);
 }
 
 TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by LibTorch's pickle",

@@ -36,7 +36,8 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& checkpoint);
 /// bias, vocab_size, dropout}, "iter_num", "best_val_loss", "tinylm_architecture"}, which
 /// nanoGPT's GPT loads with load_state_dict(strict=True). Refuses, naming the reason, a
 /// model nanoGPT cannot express (the tiny model, post-LN, sinusoidal or no positions,
-/// untied head, no biases, an MLP expansion other than 4). Returns the notes (a model
+/// untied head, no Linear biases but non-zero LayerNorm biases, an MLP expansion other than
+/// 4; a bias=False model whose LayerNorm biases are zero exports as bias=False). Returns the notes (a model
 /// with tanh-approximated GELU: nanoGPT's exact GELU gives slightly different logits).
 std::vector<std::string> export_nanogpt(const train::Checkpoint& checkpoint, const std::string& path,
                                         bool overwrite = false);

@@ -303,6 +303,7 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
     ck.state.best_val_loss = state.at("best_val_loss").get<double>();
     ck.state.epoch_loss_sum = state.at("epoch_loss_sum").get<double>();
     if (state.contains("world_size")) ck.state.world_size = state.at("world_size").get<int64_t>();
+    if (state.contains("epoch_loss_steps")) ck.state.epoch_loss_steps = state.at("epoch_loss_steps").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its training state is unreadable (",
                 e.what(), ")");
@@ -310,10 +311,13 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
   TORCH_CHECK(ck.state.world_size >= 1, "checkpoint '", path, "' is damaged: world size ",
               ck.state.world_size);
   for (const auto& [key, value] : state.items())
-    if (key != "step" && key != "best_val_loss" && key != "epoch_loss_sum" && key != "world_size")
+    if (key != "step" && key != "best_val_loss" && key != "epoch_loss_sum" && key != "world_size" &&
+        key != "epoch_loss_steps")
       logger()->warn("checkpoint '{}': training state '{}' is unknown to this tinylm: ignored",
                      path, internal::printable(key));
   TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
+  TORCH_CHECK(ck.state.epoch_loss_steps >= -1 && ck.state.epoch_loss_steps <= ck.state.step, "checkpoint '", path,
+              "' is damaged: its epoch mean covers ", ck.state.epoch_loss_steps, " steps of ", ck.state.step);
   ck.parameter_names = split_lines(field("parameter_names"));
   ck.optimizer_kind = field("optimizer_kind");
   if (meta.count("tokenizer")) ck.tokenizer_kind = field("tokenizer");
@@ -395,7 +399,8 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
   const nlohmann::json training = {{"step", state.step},
                                    {"best_val_loss", state.best_val_loss},
                                    {"epoch_loss_sum", state.epoch_loss_sum},
-                                   {"world_size", state.world_size}};
+                                   {"world_size", state.world_size},
+                                   {"epoch_loss_steps", state.epoch_loss_steps}};
   std::map<std::string, std::string> metadata = {
       {"format", "tinylm-checkpoint"},
       {"tinylm_version", TINYLM_VERSION_STRING},

@@ -449,6 +449,9 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
   const int64_t tokens_per_step =
       options_.batch_size() * task_->seq_len() * options_.grad_accum() * world_size_;
   const int64_t steps_per_epoch = options_.steps_per_epoch();
+  // The steps the epoch's loss sum covers: those since the epoch began, unless the
+  // checkpoint said otherwise (an import: none of nanoGPT's).
+  if (state_.epoch_loss_steps < 0) state_.epoch_loss_steps = state_.step % steps_per_epoch;
   const auto t_start = Clock::now();
   auto t_log = t_start;
   double interval_loss = 0;
@@ -470,6 +473,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       loss_value = train_step(&grad_norm);
       r.losses.push_back(loss_value);
       state_.epoch_loss_sum += loss_value;
+      ++state_.epoch_loss_steps;
       interval_loss += loss_value;
       ++interval_steps;
 
@@ -502,12 +506,18 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
         interval_steps = 0;
       }
       if (epoch_end) {
-        const double mean = state_.epoch_loss_sum / steps_per_epoch;
+        const int64_t counted = std::max<int64_t>(1, state_.epoch_loss_steps);
+        const double mean = state_.epoch_loss_sum / counted;
         r.epoch_losses.push_back(mean);
-        if (lead()) log->info("epoch {}/{}: mean loss {:.6f}", epoch, options_.epochs(), mean);
-        append_metrics(nlohmann::ordered_json{
-            {"type", "epoch"}, {"step", step}, {"epoch", epoch}, {"loss", number(mean)}}.dump());
+        if (lead()) {
+          if (counted == steps_per_epoch) log->info("epoch {}/{}: mean loss {:.6f}", epoch, options_.epochs(), mean);
+          else log->info("epoch {}/{}: mean loss {:.6f} (over its last {} steps: the earlier ones were not trained "
+                         "here)", epoch, options_.epochs(), mean, counted);
+        }
+        append_metrics(nlohmann::ordered_json{{"type", "epoch"}, {"step", step}, {"epoch", epoch},
+                                              {"loss", number(mean)}, {"steps", counted}}.dump());
         state_.epoch_loss_sum = 0;
+        state_.epoch_loss_steps = 0;
       }
       const bool eval_due = (options_.eval_every() > 0 ? step % options_.eval_every() == 0 : epoch_end) || last;
       if (eval_due) {

@@ -2,10 +2,12 @@
 # tinylm <-> nanoGPT (tests/python/nanogpt_parity.py: a GPT in nanoGPT's structure):
 #  - export: a model trained by tinylm (exact GELU), exported, loads into GPT with
 #    strict=True and gives the same logits within 1e-5;
-#  - import: a GPT saved by Python as nanoGPT saves it (torch.compile's prefix, optimizer
-#    state, model_args) and as a bare state dict, imported, gives GPT's logits in tinylm
-#    within 1e-5; tinylm eval and train --resume accept the import;
-#  - bad files end with one line and write nothing.
+#  - import: a GPT saved by Python as nanoGPT's train.py saves it (an OrderedDict state
+#    dict with or without torch.compile's prefix, optimizer state, model_args, config;
+#    bias True and False) and as a bare state dict, imported, gives GPT's logits in
+#    tinylm within 1e-5; tinylm eval and train --resume accept the import;
+#  - bad and hostile files (pickle code, stride-0 views, short storages, broken pickles
+#    and zips) end with one line and write nothing; the pickle's code never runs.
 # Needs Debian's python3-torch (exit 77 = skipped where absent).
 # usage: test_nanogpt.sh TINYLM TINYLM_TESTS SOURCE_DIR WORK_DIR
 set -u
@@ -27,25 +29,26 @@ echo "ok   the default (tanh GELU) model exports with a note"
 
 # ---- import ---------------------------------------------------------------------------
 /usr/bin/python3 "$py" make gpt.pt || exit 1
+/usr/bin/python3 "$py" make plain.pt --no-prefix || exit 1
+/usr/bin/python3 "$py" make nobias.pt --no-bias || exit 1
 /usr/bin/python3 "$py" make bare.pt --bare || exit 1
-# LibTorch 2.1+ reads nanoGPT's whole ckpt.pt; an older one refuses it (its unpickler has
-# no APPEND, which the optimizer state needs), saying how to save the model alone.
-if "$tinylm" import gpt.pt --out imported.ckpt > import.log 2>&1; then
-  echo "ok   nanoGPT's whole ckpt.pt (with optimizer state) imports"
-else
-  grep -q "^error: 'gpt.pt' holds a pickle this LibTorch cannot read .*save plain dicts of tensors" import.log ||
-    { echo "FAIL: import of the whole ckpt.pt"; cat import.log; exit 1; }
-  echo "ok   this LibTorch cannot read the optimizer state, and says how to save the model alone"
-  "$tinylm" import gpt-model.pt --out imported.ckpt > import.log 2>&1 || { cat import.log; exit 1; }
-fi
-if "$tinylm" import bare-ordered.pt --n-heads 4 --out ordered.ckpt > ordered.log 2>&1; then
-  echo "ok   a bare OrderedDict state dict imports"
-else
-  grep -q "holds a pickle this LibTorch cannot read .*save plain dicts of tensors" ordered.log ||
-    { echo "FAIL: import of an OrderedDict state dict"; cat ordered.log; exit 1; }
-  echo "ok   this LibTorch cannot read an OrderedDict, and says how to save a plain dict"
-fi
+# nanoGPT's train.py file as it is: an OrderedDict state dict (with torch.compile's
+# prefix, or without), optimizer state, model_args, config, best_val_loss as a tensor.
+"$tinylm" import gpt.pt --out imported.ckpt > import.log 2>&1 || { cat import.log; exit 1; }
 grep -q "stripped torch.compile's '_orig_mod.' prefix" import.log || { echo "FAIL: no note on the prefix"; cat import.log; exit 1; }
+grep -q "its optimizer state is not imported" import.log || { echo "FAIL: no note on the optimizer state"; cat import.log; exit 1; }
+echo "ok   nanoGPT's train.py ckpt.pt (OrderedDict, _orig_mod., optimizer state, config) imports"
+for name in plain nobias; do
+  "$tinylm" import $name.pt --out $name.ckpt > $name.log 2>&1 || { cat $name.log; exit 1; }
+  TINYLM_EXPORT_CKPT=$name.ckpt TINYLM_LOGITS_OUT=$name-logits.pt "$tests" "[nanogpt-logits]" > $name-l.log 2>&1 ||
+    { cat $name-l.log; exit 1; }
+  /usr/bin/python3 "$py" compare $name-model.pt $name-logits.pt || exit 1
+done
+# A bias=False import goes back to nanoGPT's layout unchanged (no LayerNorm biases).
+"$tinylm" export nobias.ckpt --out nobias-export.pt > nobias-export.log 2>&1 || { cat nobias-export.log; exit 1; }
+/usr/bin/python3 "$py" compare nobias-export.pt nobias-logits.pt || exit 1
+"$tinylm" import bare-ordered.pt --n-heads 4 --out ordered.ckpt > ordered.log 2>&1 || { cat ordered.log; exit 1; }
+echo "ok   a bare OrderedDict state dict imports"
 TINYLM_EXPORT_CKPT=imported.ckpt TINYLM_LOGITS_OUT=imported-logits.pt "$tests" "[nanogpt-logits]" > il.log 2>&1 ||
   { cat il.log; exit 1; }
 /usr/bin/python3 "$py" compare gpt-model.pt imported-logits.pt || exit 1
@@ -59,10 +62,26 @@ print("ok   the bare state dict imports to the same logits")
 PY
 "$tinylm" eval imported.ckpt --batches 2 > eval.log 2>&1 || { cat eval.log; exit 1; }
 grep -q "^loss " eval.log || { echo "FAIL: eval of the import printed no loss"; exit 1; }
-"$tinylm" train --resume imported.ckpt --epochs 1 --steps-per-epoch 260 --out-dir resumed > resume.log 2>&1 ||
-  { tail -3 resume.log; exit 1; }
+# Fine-tuning an import: its whole context is the sequence length, any optimizer may be
+# chosen (it stored none), and the epoch's mean covers the steps trained here only.
+"$tinylm" inspect imported.ckpt > inspect.log 2>&1 || { cat inspect.log; exit 1; }
+grep -q "seq-len = 16" inspect.log || { echo "FAIL: the import's sequence length is not its context (16)"; grep seq-len inspect.log; exit 1; }
+grep -q 'optimizer = "adamw"' inspect.log || { echo "FAIL: the import's optimizer is not nanoGPT's AdamW"; exit 1; }
+grep -q "none stored (an import without --tokenizer" inspect.log || { echo "FAIL: inspect's tokenizer line"; grep tokenizer inspect.log; exit 1; }
+"$tinylm" train --resume imported.ckpt --optimizer adam --epochs 1 --steps-per-epoch 260 --log-every 1 \
+  --out-dir resumed > resume.log 2>&1 || { tail -3 resume.log; exit 1; }
 grep -q "no optimizer state (an import): the optimizer starts fresh" resume.log || { echo "FAIL: no fresh-optimizer warning"; exit 1; }
-echo "ok   tinylm eval and train --resume (step 250 -> 260) accept the import"
+/usr/bin/python3 - resumed/metrics.jsonl <<'PY' || exit 1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["loss"] for r in rows if r["type"] == "train"]
+epoch = [r for r in rows if r["type"] == "epoch"][0]
+mean = sum(steps) / len(steps)
+assert len(steps) == 10 and epoch["steps"] == 10, (len(steps), epoch)
+assert abs(epoch["loss"] - mean) < 1e-6 * max(1, mean), (epoch["loss"], mean)
+print(f"ok   the epoch's mean after an import covers its 10 steps: {epoch['loss']:.6f}")
+PY
+echo "ok   tinylm eval and train --resume --optimizer adam (step 250 -> 260) accept the import"
 
 # ---- bad files: one line, non-zero, nothing written -----------------------------------
 failures=0
@@ -89,6 +108,43 @@ args = dict(ck["model_args"]); args["n_layer"] = 3
 torch.save({"model": sd, "model_args": args}, "args.pt")
 torch.save([1, 2, 3], "list.pt")
 PY
+/usr/bin/python3 - <<'PY'
+import io, os, torch, zipfile
+# Files built to attack the reader, each from a real torch.save file.
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+torch.save({"model": {"x": Evil()}}, "evil.pt")
+# A view with stride 0: one stored float claiming 100,000 x 1,000 of them.
+torch.save({"model": {"transformer.wte.weight": torch.zeros(1).expand(100000, 1000)}}, "stride0.pt")
+def rewrite(src, dst, change):
+    entries = [(i, zipfile.ZipFile(src).read(i.filename)) for i in zipfile.ZipFile(src).infolist()]
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
+        for info, data in entries:
+            z.writestr(info.filename, change(info.filename, data))
+# A storage record shorter than the tensor it holds (its entry cut by 16 bytes).
+rewrite("gpt-model.pt", "short.pt", lambda n, d: d[:-16] if n.endswith("/data/0") else d)
+# Pickles that break an unpickler: a value taken from an empty stack, a memo never set.
+rewrite("gpt-model.pt", "stack.pt", lambda n, d: b"\x80\x02a." if n.endswith("data.pkl") else d)
+rewrite("gpt-model.pt", "memo.pt", lambda n, d: b"\x80\x02h\x07." if n.endswith("data.pkl") else d)
+rewrite("gpt-model.pt", "cut.pt", lambda n, d: d[: len(d) // 2] if n.endswith("data.pkl") else d)
+# Compressed entries (torch.save stores them as they are).
+with zipfile.ZipFile("deflated.pt", "w", zipfile.ZIP_DEFLATED) as z:
+    for i in zipfile.ZipFile("gpt-model.pt").infolist():
+        z.writestr(i.filename, zipfile.ZipFile("gpt-model.pt").read(i.filename))
+# The zip's end record gone.
+data = open("gpt-model.pt", "rb").read()
+open("noend.pt", "wb").write(data[:-22])
+PY
+refused "pickle code" "names the Python global 'posix.system', which tinylm never runs" import evil.pt --out evil.ckpt
+[ -e pwned ] && { echo "FAIL: the pickle's code ran"; failures=$((failures + 1)); }
+refused "stride-0 view" "describes a tensor reaching past its storage" import stride0.pt --out s0.ckpt
+refused "short storage" "entry has" import short.pt --out short.ckpt
+refused "empty stack" "takes a value from an empty stack" import stack.pt --out st.ckpt
+refused "bad memo" "recalls a value it never stored" import memo.pt --out mm.ckpt
+refused "cut pickle" "is cut short" import cut.pt --out cut.ckpt
+refused "compressed entries" "is compressed; torch.save stores entries uncompressed" import deflated.pt --out z.ckpt
+refused "no end record" "has no end record" import noend.pt --out ne.ckpt
 echo "not a pickle" > text.pt
 refused "missing key" "has no 'transformer.h.1.mlp.c_fc.weight'" import missing.pt --out m.ckpt
 refused "extra key" "has 'transformer.h.9.ln_1.scale', which nanoGPT's GPT with these model args does not have" import extra.pt --out e.ckpt
@@ -100,6 +156,7 @@ refused "not a torch file" "is not a file Python's torch.save wrote (not its zip
 refused "not a regular file" "not a regular file" import /dev/null --out d.ckpt
 refused "existing output" "already exists" import gpt-model.pt --out imported.ckpt
 refused "export of the tiny model" "cannot export" export "$src/tests/fixtures/v3-tiny-adam-step12.ckpt" --out tiny.pt
+for f in evil s0 short st mm cut z ne; do [ -e "$f.ckpt" ] && { echo "FAIL: $f.ckpt was written"; failures=$((failures + 1)); }; done
 for f in m e s a b l t d tiny; do [ -e "$f.ckpt" ] || [ -e "$f.pt" ] && { echo "FAIL: $f was written"; failures=$((failures + 1)); }; done
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all nanoGPT interop checks passed"

@@ -8,10 +8,12 @@ usage:
   nanogpt_parity.py compare CKPT.pt LOGITS.pt   load CKPT (a tinylm export, or a file
       `make` wrote) into GPT with strict=True; compare its logits for LOGITS' ids
       ({"ids", "logits"}, written by tinylm) within 1e-5
-  nanogpt_parity.py make OUT.pt [--bare]        a GPT with random weights saved as
-      nanoGPT saves it (torch.compile's prefix, model_args, optimizer state) and the
-      model alone (OUT-model.pt), or as a bare state dict (a dict, and the OrderedDict
-      state_dict() returns in OUT-ordered.pt)
+  nanogpt_parity.py make OUT.pt [--bare] [--no-prefix] [--no-bias]
+      a GPT with random weights, after one AdamW step, saved as nanoGPT's train.py saves
+      it: {"model": state_dict() (an OrderedDict; keys with torch.compile's "_orig_mod."
+      prefix unless --no-prefix), "optimizer", "model_args", "iter_num", "best_val_loss",
+      "config"}, and the model alone (OUT-model.pt); or as a bare state dict (a dict, and
+      the OrderedDict state_dict() returns in OUT-ordered.pt). --no-bias: bias=False.
 """
 import math
 import sys
@@ -120,25 +122,28 @@ def compare(ckpt, logits_file):
     return ok
 
 
-def make(out, bare):
+def make(out, bare, prefix=True, bias=True):
     torch.manual_seed(7)
-    args = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, bias=True, vocab_size=50, dropout=0.0)
+    args = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, bias=bias, vocab_size=50, dropout=0.0)
     model = GPT(args)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)  # far from any default, so a missed weight shows in the logits
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     optimizer.step()
     if bare:
         torch.save(dict(model.state_dict()), out)
         torch.save(model.state_dict(), out.replace(".pt", "-ordered.pt"))  # an OrderedDict
         return True
-    state = {"_orig_mod." + k: v for k, v in model.state_dict().items()}  # as torch.compile saves it
+    state = model.state_dict()  # an OrderedDict, with its _metadata, as train.py saves it
+    if prefix:  # what train.py saves after torch.compile (raw_model is the compiled module)
+        state = type(state)(("_orig_mod." + k, v) for k, v in state.items())
+    config = {"out_dir": "out-shakespeare-char", "eval_interval": 250, "dataset": "shakespeare_char",
+              "compile": prefix, "learning_rate": 1e-3, "betas": None, "decay_lr": True, "dtype": "float32",
+              "wandb_run_name": "mini-gpt", "init_from": "scratch"}
     torch.save({"model": state, "optimizer": optimizer.state_dict(), "model_args": args,
-                "iter_num": 250, "best_val_loss": torch.tensor(1.25),
-                "config": {"dataset": "shakespeare_char", "compile": True}}, out)
-    # What LibTorch before 2.1 can read: the model alone (its unpickler lacks APPEND).
+                "iter_num": 250, "best_val_loss": torch.tensor(1.25), "config": config}, out)
     torch.save({"model": state, "model_args": args, "iter_num": 250}, out.replace(".pt", "-model.pt"))
     return True
 
@@ -147,5 +152,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "compare":
         ok = compare(sys.argv[2], sys.argv[3])
     else:
-        ok = make(sys.argv[2], "--bare" in sys.argv[3:])
+        flags = sys.argv[3:]
+        ok = make(sys.argv[2], "--bare" in flags, "--no-prefix" not in flags, "--no-bias" not in flags)
     sys.exit(0 if ok else 1)

@@ -15,7 +15,8 @@
 //     tinylm_version  the writer's version
 //     model           JSON {"kind", "version", "options": {name: value}}: the model's
 //                     own architecture (LanguageModelImpl::architecture())
-//     state           JSON {"step", "best_val_loss", "epoch_loss_sum", "world_size"}
+//     state           JSON {"step", "best_val_loss", "epoch_loss_sum", "world_size",
+//                     "epoch_loss_steps" (absent in files before it was stored)}
 //     recipe          the application's text (the tinylm tool: its run config, TOML)
 //     parameter_names one per line, in the model's order
 //     optimizer_kind  Optimizer::kind(), or empty
@@ -60,6 +61,9 @@ struct TrainingState {
   int64_t step = 0;                   // optimizer steps done
   double best_val_loss = 1e300;       // lowest validation loss so far
   double epoch_loss_sum = 0.0;        // sum of this epoch's step losses so far
+  /// How many steps epoch_loss_sum covers; -1 = every step since the epoch began (files
+  /// written before it was stored). An import starts at 0: nanoGPT's losses are unknown.
+  int64_t epoch_loss_steps = -1;
   int64_t world_size = 1;             // processes that trained it (data-parallel)
   torch::Tensor data_rng_state;       // the data generator (the position in the data)
   torch::Tensor dropout_rng_state;    // the Trainer's dropout generator (CPU runs)
