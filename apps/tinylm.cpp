@@ -237,6 +237,19 @@ int launch_workers(const TrainArgs& args) {
   for (auto& a : worker_args) cargv.push_back(a.data());
   cargv.push_back(nullptr);
   const std::string port = std::to_string(train::free_loopback_port());
+  // The workers meet through a file in a directory of this user's (FileStore): nothing
+  // listens on the network but Gloo, on 127.0.0.1.
+  std::string store_dir = (std::filesystem::temp_directory_path() / "tinylm-job-XXXXXX").string();
+  TORCH_CHECK(::mkdtemp(store_dir.data()), "--nproc: cannot make a directory in ",
+              std::filesystem::temp_directory_path().string(), ": ", std::strerror(errno));
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove_store_dir{store_dir};
+  const std::string store_file = store_dir + "/store";
   std::signal(SIGINT, on_launcher_signal);
   std::signal(SIGTERM, on_launcher_signal);
   std::vector<pid_t> workers;
@@ -253,6 +266,7 @@ int launch_workers(const TrainArgs& args) {
       ::setenv("WORLD_SIZE", std::to_string(args.nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("TINYLM_STORE_FILE", store_file.c_str(), 1);
       ::execv("/proc/self/exe", cargv.data());
       std::fprintf(stderr, "error: --nproc: cannot start worker %lld: %s\n",
                    static_cast<long long>(rank), std::strerror(errno));

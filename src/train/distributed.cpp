@@ -5,6 +5,7 @@
 
 #include "internal/system.h"
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef TINYLM_HAVE_NCCL
@@ -145,6 +146,7 @@ std::optional<DistributedOptions> distributed_from_environment() {
   TORCH_CHECK(o.master_port >= 1 && o.master_port <= 65535, "MASTER_PORT=", o.master_port,
               " must be in [1, 65535]");
   TORCH_CHECK(!o.master_addr.empty(), "MASTER_ADDR is empty: set it to rank 0's host");
+  if (const char* file = std::getenv("TINYLM_STORE_FILE")) o.store_file = file;
   return o;
 }
 
@@ -210,14 +212,26 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o)
   const auto timeout = milliseconds(o.timeout_seconds);
   const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(o.master_port);
-    store_options.isServer = o.rank == 0;
-    store_options.numWorkers = static_cast<size_t>(o.world_size);
-    store_options.waitWorkers = true;
-    store_options.timeout = timeout;
-    use_classic_store(store_options, 0);
-    group->impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
+    if (!o.store_file.empty()) {
+      group->impl_->store = c10::make_intrusive<c10d::FileStore>(o.store_file, static_cast<int>(o.world_size));
+      group->impl_->store->setTimeout(timeout);
+    } else {
+      c10d::TCPStoreOptions store_options;
+      store_options.port = static_cast<uint16_t>(o.master_port);
+      store_options.isServer = o.rank == 0;
+      store_options.numWorkers = static_cast<size_t>(o.world_size);
+      store_options.waitWorkers = false;  // each rank says it arrived (arrive()): rank 0 names a missing one
+      store_options.timeout = timeout;
+      use_classic_store(store_options, 0);
+      group->impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
+    }
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", o.rank, " of ", o.world_size, " could not join the job at ", where,
+                " within ", o.timeout_seconds, " s: ", first_line(e),
+                " (is rank 0 running, and are the address and port right and free?)");
+  }
+  group->arrive();
+  try {
     if (group->backend_ == DistBackend::nccl) {
 #ifdef TINYLM_HAVE_NCCL
       // Without blocking wait, NCCL's wait() returns at once and a lost peer hangs the
@@ -245,6 +259,97 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o)
                 " (is rank 0 running, and are the address and port right and free?)");
   }
   return group;
+}
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
+/// name:value pairs, length-prefixed (names and values may hold any byte).
+std::string encode_settings(const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::string out;
+  for (const auto& [k, v] : settings) out += std::to_string(k.size()) + ":" + k + std::to_string(v.size()) + ":" + v;
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> decode_settings(const std::string& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t at = 0;
+  auto field = [&]() {
+    const size_t colon = s.find(':', at);
+    TORCH_CHECK(colon != std::string::npos, "a rank sent malformed settings");
+    const size_t n = std::stoull(s.substr(at, colon - at));
+    TORCH_CHECK(n <= s.size() - colon - 1, "a rank sent malformed settings");
+    std::string value = s.substr(colon + 1, n);
+    at = colon + 1 + n;
+    return value;
+  };
+  while (at < s.size()) {
+    std::string k = field();
+    out.emplace_back(std::move(k), field());
+  }
+  return out;
+}
+
+}  // namespace
+
+void ProcessGroup::arrive() {
+  auto& store = *impl_->store;
+  store.set("tinylm/arrived/" + std::to_string(options_.rank), bytes_of("1"));
+  if (options_.rank != 0) return;
+  // Rank 0 waits for each rank in turn, all within one timeout, and names the first that
+  // never came.
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(options_.timeout_seconds);
+  for (int64_t r = 1; r < options_.world_size; ++r) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    bool arrived = false;
+    try {
+      store.wait({"tinylm/arrived/" + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
+      arrived = true;
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK(arrived, "rank ", r, " of ", options_.world_size, " never joined the job at ",
+                options_.store_file.empty() ? options_.master_addr + ":" + std::to_string(options_.master_port)
+                                            : "'" + options_.store_file + "'",
+                " within ", options_.timeout_seconds,
+                " s: was it started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?");
+  }
+}
+
+void ProcessGroup::agree(const std::vector<std::pair<std::string, std::string>>& settings) {
+  if (options_.world_size == 1) return;
+  auto& store = *impl_->store;
+  const std::string prefix = "tinylm/agree/" + std::to_string(agreements_++) + "/";
+  store.set(prefix + std::to_string(options_.rank), bytes_of(encode_settings(settings)));
+  std::vector<std::vector<std::pair<std::string, std::string>>> all(static_cast<size_t>(options_.world_size));
+  for (int64_t r = 0; r < options_.world_size; ++r) {
+    if (r == options_.rank) {
+      all[r] = settings;
+      continue;
+    }
+    std::vector<uint8_t> got;
+    try {
+      store.wait({prefix + std::to_string(r)}, milliseconds(options_.timeout_seconds));
+      got = store.get(prefix + std::to_string(r));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "rank ", options_.rank, " of ", options_.world_size, ": rank ", r,
+                  " did not describe its run within ", options_.timeout_seconds, " s (", first_line(e),
+                  "): it died or stopped answering");
+    }
+    all[r] = decode_settings(std::string(got.begin(), got.end()));
+  }
+  // The first difference from rank 0, looked for the same way on every rank.
+  for (size_t r = 1; r < all.size(); ++r) {
+    const auto& a = all[0];
+    const auto& b = all[r];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      const std::string name = i < a.size() ? a[i].first : b[i].first;
+      const std::string va = i < a.size() ? a[i].second : "(nothing)", vb = i < b.size() ? b[i].second : "(nothing)";
+      TORCH_CHECK(i < a.size() && i < b.size() && a[i] == b[i], "the ranks of this job disagree on ",
+                  internal::printable(name), ": rank 0 has ", internal::printable(va), ", rank ", r, " has ",
+                  internal::printable(vb), " (start every rank with the same settings)");
+    }
+  }
 }
 
 torch::Tensor ProcessGroup::stage(const torch::Tensor& flat) const {

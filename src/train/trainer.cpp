@@ -250,6 +250,36 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
                 " (NCCL) but the model trains on ", options_.device(), ": give both the same device");
     rank_ = group->rank();
     world_size_ = group->world_size();
+    // Before the first collective: ranks built with different models or settings would
+    // crash in it (different sizes) or train apart silently (different seeds or rates).
+    const auto arch = model_->architecture();
+    std::string model = arch.kind + " v" + std::to_string(arch.version);
+    for (const auto& [k, v] : arch.options) model += " " + k + "=" + v;
+    const auto& opt = options_.optimizer();
+    const auto& schedule = options_.schedule();
+    auto text = [](auto v) { return fmt::format("{}", v); };
+    group->agree({
+        {"the model", model},
+        {"the task", task_->name() + ", vocabulary " + text(task_->vocab_size()) + ", sequences of " +
+                         text(task_->seq_len())},
+        {"seed", text(options_.seed())},
+        {"batch-size", text(options_.batch_size())},
+        {"grad-accum", text(options_.grad_accum())},
+        {"epochs", text(options_.epochs())},
+        {"steps-per-epoch", text(options_.steps_per_epoch())},
+        {"the optimizer", fmt::format("{} lr={} betas=({}, {}) eps={} weight_decay={} flat={}",
+                                      opt.kind() == OptimizerKind::adam ? "adam" : "adamw", opt.lr(), opt.beta1(),
+                                      opt.beta2(), opt.eps(), opt.weight_decay(), opt.flat())},
+        {"the schedule", fmt::format("{} warmup={} min_lr_ratio={}",
+                                     schedule.kind() == LRSchedule::constant ? "constant" : "cosine",
+                                     schedule.warmup_steps(), schedule.min_lr_ratio())},
+        {"grad-clip", text(options_.grad_clip())},
+        {"bf16", text(options_.bf16())},
+        {"the device type", c10::DeviceTypeName(options_.device().type())},
+        {"eval-every", text(options_.eval_every())},
+        {"eval-batches", text(options_.eval_batches())},
+        {"save-every", text(options_.save_every())},
+    });
   }
   model_->to(options_.device());
   const uint64_t seed = options_.seed();
@@ -274,6 +304,9 @@ void Trainer::resume(const Checkpoint& ck) {
   TORCH_CHECK(ck.state.step <= options_.total_steps(), "checkpoint '", ck.path, "' is at step ",
               ck.state.step, ", past this run's last step ", options_.total_steps(),
               ": raise epochs or steps_per_epoch to train further");
+  if (const auto& group = options_.process_group())
+    group->agree({{"the checkpoint's step", std::to_string(ck.state.step)},
+                  {"the checkpoint's world size", std::to_string(ck.state.world_size)}});
   const int64_t trained_by = ck.state.world_size;
   state_ = ck.state;
   state_.world_size = world_size_;
@@ -323,6 +356,19 @@ void Trainer::sync_rng_state() {
   // one row per rank (a collective, so every rank comes here).
   const auto& group = options_.process_group();
   state_.dropout_rng_state = group && world_size_ > 1 ? group->all_gather(dropout_rng_) : dropout_rng_;
+  if (group && world_size_ > 1) {
+    // The ranks' weights must still be one model's: a checksum of each rank's, compared.
+    uint32_t crc = 0;
+    for (const auto& p : model_->parameters()) {
+      const auto t = p.detach().to(torch::kCPU).contiguous();
+      crc = internal::crc32(t.data_ptr(), static_cast<size_t>(t.nbytes())) ^ (crc * 16777619u);
+    }
+    const auto all = group->all_gather(torch::tensor({static_cast<int64_t>(crc)}));
+    for (int64_t r = 1; r < world_size_; ++r)
+      TORCH_CHECK(all[r].item<int64_t>() == all[0].item<int64_t>(), "rank ", rank_, " of ", world_size_,
+                  ": at step ", state_.step, " the weights of rank ", r, " differ from rank 0's, so no checkpoint "
+                  "is written: the ranks no longer train one model (a rank was changed or disturbed)");
+  }
 }
 
 void Trainer::save(const std::string& path) {

@@ -14,7 +14,11 @@
 #    uninterrupted 2-process run (weights, optimizer, every rank's generators, losses);
 #    a stopped (hung) worker ends the job within the timeout too; a 2-process checkpoint
 #    resumes in 1 process, with a warning;
-#  - bad launch settings end with one line and a non-zero status, within the timeout.
+#  - bad launch settings end with one line and a non-zero status, within the timeout; a
+#    rank that never comes is named by rank 0 within one timeout;
+#  - ranks started with different models or settings (width, layers, seed, learning
+#    rate, batch size) all end with the same line naming the setting and both values,
+#    before the first step (nothing written).
 # usage: test_distributed.sh TINYLM TINYLM_TESTS WORK_DIR
 set -uo pipefail
 tinylm="$1"; tests="$2"; work="$3"
@@ -84,6 +88,15 @@ start_and_hit() {  # start_and_hit OUT SIGNAL: start a run, send SIGNAL to rank 
   for _ in $(seq 1 1200); do [ -f "$1/step-00000100.ckpt" ] && break; sleep 0.05; done
   local w; w=$(worker_pid "$launcher" 1)
   [ -n "$w" ] || { fail "$1: no rank-1 worker found"; return 1; }
+  # The workers met through a file (FileStore), not a TCP store: nothing answers on the
+  # port they were given.
+  local port store
+  port=$(tr '\0' '\n' < "/proc/$w/environ" | sed -n 's/^MASTER_PORT=//p')
+  store=$(tr '\0' '\n' < "/proc/$w/environ" | sed -n 's/^TINYLM_STORE_FILE=//p')
+  if [ -z "$store" ]; then fail "$1: the workers were given no store file"
+  elif /usr/bin/python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2)" "$port" 2> /dev/null; then
+    fail "$1: something listens on the job's port $port"
+  else echo "ok   $1: the workers meet through $store; nothing listens on port $port"; fi
   kill "-$2" "$w"
   hit_at=$SECONDS
 }
@@ -167,6 +180,39 @@ fi
 refused "--dist-backend mpi" "--dist-backend must be auto, gloo or nccl, got 'mpi'" \
   "$tinylm" train --nproc 2 --dist-backend mpi --out-dir bad7
 refused "--nproc 0" "--nproc must be >= 1, got 0" "$tinylm" train --nproc 0 --out-dir bad5
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+refused "a rank that never comes" "rank 1 of 2 never joined the job at 127.0.0.1:$port within 3 s" \
+  WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" "$tinylm" train --dist-timeout 3 --out-dir bad8
+
+# ---- ranks started with different settings: every rank ends with the same line ------
+disagree() {  # disagree NAME EXPECTED "RANK-0 FLAGS" "RANK-1 FLAGS"
+  local name=$1 expected=$2 p0 p1 s0 s1 port start
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$tinylm" train $3 --epochs 1 --steps-per-epoch 4 \
+    --dist-timeout 20 --out-dir "disagree-$name" > "disagree-$name-0.log" 2>&1 & p0=$!
+  # shellcheck disable=SC2086
+  WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$tinylm" train $4 --epochs 1 --steps-per-epoch 4 \
+    --dist-timeout 20 --out-dir "disagree-$name" > "disagree-$name-1.log" 2>&1 & p1=$!
+  wait $p0; s0=$?; wait $p1; s1=$?
+  for r in 0 1; do
+    local log="disagree-$name-$r.log" status=$s0
+    [ $r = 1 ] && status=$s1
+    if [ "$status" -eq 0 ] || [ "$status" -gt 125 ]; then fail "$name: rank $r ended with status $status"; cat "$log"; continue; fi
+    if ! grep -qF -- "$expected" "$log" || [ "$(grep -c '^error:' "$log")" -ne 1 ] || grep -q "terminate\|Exception raised" "$log"; then
+      fail "$name: rank $r: $(tail -2 "$log")"; continue
+    fi
+  done
+  [ -e "disagree-$name/step-00000004.ckpt" ] && fail "$name: a checkpoint was written"
+  echo "ok   $name ($((SECONDS - start)) s): $(grep '^error:' "disagree-$name-1.log")"
+}
+disagree "model width" "the ranks of this job disagree on the model: rank 0 has transformer v1" \
+  "--model transformer --d-model 32" "--model transformer --d-model 64"
+disagree "layers" "disagree on the model" "--model transformer --n-layers 1" "--model transformer --n-layers 2"
+disagree "seed" "disagree on seed: rank 0 has 1, rank 1 has 2" "--seed 1" "--seed 2"
+disagree "learning rate" "disagree on the optimizer: rank 0 has adam lr=0.005" "--lr 0.005" "--lr 0.01"
+disagree "batch size" "disagree on batch-size: rank 0 has 8, rank 1 has 16" "--batch-size 8" "--batch-size 16"
 
 if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "all distributed checks passed"

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tinylm::train {
@@ -32,6 +33,10 @@ struct DistributedOptions {
   int64_t local_rank = 0;  // index of the process on its host (LOCAL_RANK): picks its GPU
   std::string master_addr = "127.0.0.1";  // rank 0 hosts the store there
   int64_t master_port = 29500;
+  /// Non-empty: a job on one host meets through this file (c10d's FileStore, in a
+  /// directory only this user can enter) instead of rank 0's TCP store, so nothing
+  /// listens on the network but Gloo on 127.0.0.1 (`tinylm train --nproc` does this).
+  std::string store_file;
   /// Seconds to wait for the others, at the rendezvous and in every collective: a peer
   /// that died or hangs ends the run with an error after this long, not a hang.
   double timeout_seconds = 60.0;
@@ -49,8 +54,9 @@ DistBackend resolve_backend(const DistributedOptions& options);
 void validate(const DistributedOptions& options);
 
 /// The job torchrun (or a cluster script) describes in the environment: RANK,
-/// WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK is read and checked too). Empty when
-/// WORLD_SIZE is not set; an error when the variables are malformed or inconsistent.
+/// WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK is read and checked too), and
+/// TINYLM_STORE_FILE (DistributedOptions::store_file). Empty when WORLD_SIZE is not set;
+/// an error when the variables are malformed or inconsistent.
 std::optional<DistributedOptions> distributed_from_environment();
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now (for a job on one host;
@@ -62,8 +68,9 @@ int64_t free_loopback_port();
 class ProcessGroup {
  public:
   /// Joins the job: rank 0 starts the store at master_addr:master_port, the others
-  /// connect to it; returns when all world_size ranks have joined (or throws after the
-  /// timeout, naming the address). A world of one needs no store and opens no port.
+  /// connect to it; returns when all world_size ranks have joined, or throws after the
+  /// timeout (rank 0 names the first rank that never arrived; the others the address).
+  /// A world of one needs no store and opens no port.
   static std::shared_ptr<ProcessGroup> connect(const DistributedOptions& options);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -89,9 +96,17 @@ class ProcessGroup {
   bool any(bool flag);
   void barrier();
 
+  /// Checks, before the first collective, that every rank describes the job the same
+  /// way: `settings` (name, value) in the same order on every rank, exchanged through
+  /// the store. At the first difference every rank throws the same one-line error
+  /// naming the setting, rank 0's value and the other rank's.
+  void agree(const std::vector<std::pair<std::string, std::string>>& settings);
+
  private:
   explicit ProcessGroup(DistributedOptions options);
   void all_reduce(const std::vector<torch::Tensor>& tensors, bool mean);
+  /// Says this rank has joined; rank 0 waits for every other rank (see connect).
+  void arrive();
   struct Impl;
   /// The buffer a collective runs on: `flat` itself, or a copy on the backend's side
   /// (host memory for Gloo, the rank's GPU for NCCL), copied back by finish().
@@ -99,6 +114,7 @@ class ProcessGroup {
   DistributedOptions options_;
   DistBackend backend_ = DistBackend::gloo;
   std::unique_ptr<Impl> impl_;
+  int64_t agreements_ = 0;  // agree() calls so far: each uses keys of its own
 };
 
 }  // namespace tinylm::train
