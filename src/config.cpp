@@ -171,8 +171,77 @@ std::string to_toml(const RunConfig& config) {
   return os.str();
 }
 
+namespace {
+
+/// The line of the first byte outside ASCII that stands outside a string or a comment,
+/// or 0. toml++ 3.3 (Debian 12) reaches __builtin_unreachable() (undefined behaviour)
+/// when it tests such a character (U+00A1 to U+0499) for whitespace; TOML allows
+/// non-ASCII characters only in strings and comments anyway, so they are refused here,
+/// before toml++ sees the text (a recipe read from a checkpoint is untrusted input).
+int64_t non_ascii_outside_strings(const std::string& text) {
+  enum { normal, comment, basic, literal, multi_basic, multi_literal } state = normal;
+  int64_t line = 1;
+  const std::string three_double(3, '"'), three_single(3, '\'');
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    auto starts = [&](const std::string& s) { return text.compare(i, s.size(), s) == 0; };
+    if (c == '\n') {
+      ++line;
+      if (state == comment || state == basic || state == literal) state = normal;
+      continue;
+    }
+    switch (state) {
+      case normal:
+        if (static_cast<unsigned char>(c) >= 0x80) return line;
+        if (c == '#') {
+          state = comment;
+        } else if (starts(three_double)) {
+          state = multi_basic;
+          i += 2;
+        } else if (starts(three_single)) {
+          state = multi_literal;
+          i += 2;
+        } else if (c == '"') {
+          state = basic;
+        } else if (c == '\'') {
+          state = literal;
+        }
+        break;
+      case comment:
+        break;
+      case basic:
+        if (c == '\\') ++i;
+        else if (c == '"') state = normal;
+        break;
+      case literal:
+        if (c == '\'') state = normal;
+        break;
+      case multi_basic:
+        if (c == '\\') {
+          ++i;
+        } else if (starts(three_double)) {
+          state = normal;
+          i += 2;
+        }
+        break;
+      case multi_literal:
+        if (starts(three_single)) {
+          state = normal;
+          i += 2;
+        }
+        break;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
                                     const std::string& origin, std::vector<std::string>* unknown) {
+  const int64_t stray = non_ascii_outside_strings(text);
+  TORCH_CHECK(stray == 0, origin, ":", stray, ": a character outside ASCII stands outside a string or a comment "
+              "(TOML keys are ASCII; put text in quotes)");
   toml::table table;
   try {
     table = toml::parse(text, origin);
@@ -180,8 +249,9 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
     TORCH_CHECK(false, origin, ":", e.source().begin.line, ": not valid TOML: ", e.description());
   }
   std::vector<std::string> set;
-  for (const auto& [key_view, node] : table) {
-    const std::string key(key_view.str());
+  for (const auto& item : table) {
+    const auto& node = item.second;  // not a structured binding: lambdas below capture it (C++17)
+    const std::string key(item.first.str());
     TORCH_CHECK(!node.is_table() && !node.is_array_of_tables(), origin, ":",
                 node.source().begin.line, ": [", key,
                 "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");

@@ -127,3 +127,18 @@ TEST_CASE("config keys with control characters are shown escaped on one line", "
   CHECK(msg.find('\n') == std::string::npos);
   CHECK(msg.find('\x1b') == std::string::npos);
 }
+
+TEST_CASE("text outside ASCII is read in strings and comments only, before toml++ sees it", "[config][errors]") {
+  // toml++ 3.3 reaches __builtin_unreachable() testing U+00A1..U+0499 for whitespace; the
+  // fuzzer's input (fuzz/regressions/config) has U+0353 inside a key.
+  RunConfig c;
+  CHECK_THAT(error_message([&] { apply_toml(c, "model = \"tiny\"\nn\xCD\x93layers = 2\n", "x.toml"); }),
+             Catch::Contains("x.toml:2: a character outside ASCII stands outside a string or a comment"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "seed =\xC2\xA0" "7\n", "y.toml"); }), Catch::Contains("y.toml:1:"));
+  // In strings (basic, literal, multi-line) and comments it is text like any other.
+  const auto set = apply_toml(c, "# naïve ☃ comment\nout-dir = \"runs/naïve ☃\"  # é\n"
+                                 "data = 'données'\ntask = \"\"\"copy\"\"\"\n", "ok.toml");
+  CHECK(set.size() == 3);
+  CHECK(c.out_dir == "runs/naïve ☃");
+  CHECK(c.data == "données");
+}
