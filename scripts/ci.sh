@@ -9,6 +9,8 @@
 #   cuda        scripts/check-debian13.sh --cuda: built against Debian 13's CUDA LibTorch
 #               with NCCL; the CPU suite runs on it, the CUDA tests report Skipped
 #   sanitizers  scripts/check-sanitizers.sh: ASan + UBSan, every report fatal
+#   fuzz        scripts/fuzz.sh 15: each libFuzzer target (clang, ASan + UBSan) replays
+#               its regression files, then fuzzes 15 s from its seed corpus
 #   roots       the Debian 13 roots made or brought up to date in the background while
 #               debian12 builds (downloading and unpacking overlap the compiler)
 #
@@ -26,13 +28,13 @@ cd "$repo"
 # Budgets in seconds, for a fresh machine (no roots, no caches). The whole run: 50 min on
 # a fresh machine, 25 min where an earlier run left its caches (both roots and both
 # compiler caches).
-declare -A budget=([roots]=900 [debian12]=1200 [debian13]=900 [cuda]=480 [sanitizers]=1080)
+declare -A budget=([roots]=900 [debian12]=1200 [debian13]=900 [cuda]=480 [sanitizers]=1080 [fuzz]=480)
 total_budget=3000
 legs=("$@")
-[ ${#legs[@]} -gt 0 ] || legs=(debian12 debian13 cuda sanitizers)
+[ ${#legs[@]} -gt 0 ] || legs=(debian12 debian13 cuda sanitizers fuzz)
 for leg in "${legs[@]}"; do
   [ -n "${budget[$leg]:-}" ] && [ "$leg" != roots ] ||
-    { echo "ci: unknown leg '$leg' (known: debian12 debian13 cuda sanitizers)" >&2; exit 2; }
+    { echo "ci: unknown leg '$leg' (known: debian12 debian13 cuda sanitizers fuzz)" >&2; exit 2; }
 done
 
 out=${TINYLM_CI_DIR:-$repo/build/ci}
@@ -74,7 +76,7 @@ run_leg() {
   shift
   t0=$(date +%s)
   echo "==== ci: $leg (budget $(( budget[$leg] / 60 )) min) ===="
-  if [ "$leg" = debian12 ] || [ "$leg" = sanitizers ]; then export CCACHE_DIR; CCACHE_DIR=$(ccache_dir debian12); else export CCACHE_DIR; CCACHE_DIR=$(ccache_dir debian13); fi
+  if [ "$leg" = debian12 ] || [ "$leg" = sanitizers ] || [ "$leg" = fuzz ]; then export CCACHE_DIR; CCACHE_DIR=$(ccache_dir debian12); else export CCACHE_DIR; CCACHE_DIR=$(ccache_dir debian13); fi
   mkdir -p "$CCACHE_DIR"
   TINYLM_TIMINGS="$out/$leg.times" TINYLM_JUNIT="$out/$leg.xml" CCACHE_BASEDIR="$repo" \
     timeout --kill-after=30 $(( budget[$leg] * 2 )) "$@" > >(tee "$out/$leg.log") 2>&1 || rc=$?
@@ -115,6 +117,7 @@ for leg in "${legs[@]}"; do
     debian13) run_leg debian13 scripts/check-debian13.sh ;;
     cuda) run_leg cuda scripts/check-debian13.sh --cuda ;;
     sanitizers) run_leg sanitizers scripts/check-sanitizers.sh ;;
+    fuzz) run_leg fuzz scripts/fuzz.sh 15 ;;
   esac
 done
 if [ "$need_roots" = 1 ]; then
@@ -132,7 +135,7 @@ out, total, total_budget, legs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def mmss(ms):
     s = round(ms / 1000)
     return f"{s // 60}:{s % 60:02d}"
-columns = ["wait", "root", "setup", "configure", "build", "test"]
+columns = ["wait", "root", "setup", "configure", "build", "test", "fuzz"]
 rows = []
 for leg in legs:
     times = {}
@@ -140,6 +143,7 @@ for leg in legs:
     if os.path.exists(path):
         for line in open(path):
             name, ms, _ = line.split()
+            name = "fuzz" if name.startswith("fuzz:") else name  # one column for the targets
             times[name] = times.get(name, 0) + int(ms)
     rows.append([leg] + [mmss(times[c]) if c in times else "-" for c in columns])
 print()

@@ -11,6 +11,7 @@
 #                                and PyTorch with CUDA; NVIDIA's cuDNN is fetched by the
 #                                nvidia-cudnn package's own installer, from NVIDIA
 #   scripts/setup.sh --ci        also what CI uses: ccache
+#   scripts/setup.sh --fuzz      also clang and libFuzzer (scripts/fuzz.sh)
 set -euo pipefail
 
 cuda=0
@@ -19,8 +20,11 @@ for arg in "$@"; do
   case "$arg" in
     --fortunes) extra+=(fortunes) ;;
     --ci) extra+=(ccache) ;;
+    --fuzz)  # libFuzzer comes with clang's runtime: libfuzzer-14-dev on Debian 12, -19 on 13
+      llvm=$(apt-cache policy clang 2> /dev/null | sed -n 's/.*Candidate: 1:\([0-9]*\).*/\1/p')
+      extra+=(clang "libfuzzer-$llvm-dev") ;;
     --cuda) cuda=1 ;;
-    *) echo "setup: unknown option '$arg' (known: --fortunes, --cuda, --ci)" >&2; exit 2 ;;
+    *) echo "setup: unknown option '$arg' (known: --fortunes, --cuda, --ci, --fuzz)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The fuzz targets (fuzz/: checkpoint, torch_file, token_file, config, sentencepiece),
+# built with the `fuzz` preset (clang, libFuzzer, ASan + UBSan). Each target first runs
+# every file in fuzz/regressions/TARGET once (inputs that once crashed it: they must stay
+# fixed), then fuzzes for SECONDS from its seed corpus (fuzz/corpus/TARGET). A crash, a
+# sanitizer report, a leak, a timeout or running out of memory fails, the input saved in
+# build/fuzz/findings/ (copy it to fuzz/regressions/TARGET/ once fixed). New inputs the
+# fuzzer finds go to build/fuzz/corpus/TARGET, never into the repository.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     (default: 30 s for each target)
+# A longer campaign: scripts/fuzz.sh 3600 checkpoint (an hour), or run a target by hand
+# with -jobs=N; see docs/testing.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/phase.sh
+seconds=${1:-30}
+[[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file token_file config sentencepiece)
+
+phase setup scripts/setup.sh --fuzz
+configure() { cmake --preset fuzz | sed -n 's/^-- tinylm: /tinylm: /p'; }
+phase configure configure
+phase build cmake --build --preset fuzz
+
+run_target() {
+  local name=$1 exe=build/fuzz/fuzz/fuzz_$1
+  [ -x "$exe" ] || { echo "fuzz: $exe was not built (SentencePiece missing?)" >&2; return 1; }
+  local work=build/fuzz/corpus/$name findings=build/fuzz/findings
+  mkdir -p "$work" "$findings"
+  local options=(-rss_limit_mb=4096 -timeout=20 -malloc_limit_mb=4096 "-artifact_prefix=$findings/$name-")
+  local regressions=(fuzz/regressions/"$name"/*)
+  if [ -e "${regressions[0]}" ]; then
+    "$exe" "${options[@]}" "${regressions[@]}" > "build/fuzz/$name-regressions.log" 2>&1 ||
+      { tail -30 "build/fuzz/$name-regressions.log"; echo "fuzz: $name: a regression file fails again" >&2; return 1; }
+    echo "fuzz: $name: ${#regressions[@]} regression file(s) pass"
+  fi
+  local seeds=(fuzz/corpus/"$name")
+  [ "$name" = checkpoint ] && seeds+=(tests/fixtures)
+  [ "$name" = config ] && seeds+=(configs)
+  if ! "$exe" "${options[@]}" -max_total_time="$seconds" -print_final_stats=1 "$work" "${seeds[@]}" \
+      > "build/fuzz/$name.log" 2>&1; then
+    tail -40 "build/fuzz/$name.log"
+    echo "fuzz: $name: a finding (saved in $findings; the log is build/fuzz/$name.log)" >&2
+    return 1
+  fi
+  echo "fuzz: $name: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "build/fuzz/$name.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no finding"
+}
+failed=()
+for t in "${targets[@]}"; do phase "fuzz:$t" run_target "$t" || failed+=("$t"); done
+[ ${#failed[@]} -eq 0 ] || { echo "fuzz: findings in ${failed[*]}" >&2; exit 1; }
