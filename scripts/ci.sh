@@ -25,9 +25,9 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 
-# Budgets in seconds, for a fresh machine (no roots, no caches). The whole run: 50 min on
-# a fresh machine, 25 min where an earlier run left its caches (both roots and both
-# compiler caches).
+# Budgets in seconds, for a fresh machine (no roots, no caches). The whole run: 50 min
+# (on a fresh machine 37 min were measured; where an earlier run left its caches, both
+# roots and both compiler caches, about 20).
 declare -A budget=([roots]=900 [debian12]=1200 [debian13]=900 [cuda]=480 [sanitizers]=1080 [fuzz]=480)
 total_budget=3000
 legs=("$@")
@@ -49,9 +49,11 @@ ccache_dir() { echo "$cache/ccache/$1"; }
 warm=1
 for d in "$cache/debian13/.tinylm-root-ready" "$cache/debian13-cuda/.tinylm-root-ready"; do [ -f "$d" ] || warm=0; done
 for d in "$(ccache_dir debian12)" "$(ccache_dir debian13)"; do [ -n "$(ls -A "$d" 2> /dev/null)" ] || warm=0; done
-[ "$warm" = 1 ] && total_budget=1500
-echo "ci: $([ "$warm" = 1 ] && echo "caches of an earlier run found in $cache: the run's budget is 25 min" ||
-  echo "no caches in $cache (a fresh machine): the run's budget is 50 min")"
+# With the caches, an unchanged tree takes about 20 min; a change to many sources
+# recompiles them in every leg, so past 25 min a warm run is reported, not failed.
+warm_target=1500
+echo "ci: $([ "$warm" = 1 ] && echo "caches of an earlier run found in $cache (target: 25 min)" ||
+  echo "no caches in $cache (a fresh machine)"); the run's budget is 50 min"
 
 # The host's tools for the legs, before any leg starts (the roots' background job and
 # debian12's set-up would otherwise both run the host's apt at once).
@@ -175,6 +177,10 @@ if [ "$total" -gt "$total_budget" ]; then
   failed+=("total")
 fi
 echo "ci: $total s in all (budget $total_budget s)"
+if [ "$warm" = 1 ] && [ "$total" -gt "$warm_target" ]; then
+  echo "ci: note: the caches were there but the run took more than 25 min ($total s): the sources compiled" \
+       "since the cached run (see the build column) are the difference"
+fi
 for leg in debian12 debian13; do
   d=$(ccache_dir $leg)
   [ -d "$d" ] && echo "ci: ccache $leg: $(du -sh "$d" | cut -f1) in $d"
