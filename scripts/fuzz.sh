@@ -7,8 +7,8 @@
 # build/fuzz/findings/ (copy it to fuzz/regressions/TARGET/ once fixed). New inputs the
 # fuzzer finds go to build/fuzz/corpus/TARGET, never into the repository.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (default: 30 s for each target)
-# A longer campaign: scripts/fuzz.sh 3600 checkpoint (an hour), or run a target by hand
-# with -jobs=N; see docs/testing.md.
+# A longer campaign: TINYLM_FUZZ_SEED=0 scripts/fuzz.sh 3600 checkpoint (an hour, a random
+# seed), or run a target by hand with -jobs=N; see docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/phase.sh
@@ -28,7 +28,10 @@ run_target() {
   [ -x "$exe" ] || { echo "fuzz: $exe was not built (SentencePiece missing?)" >&2; return 1; }
   local work=build/fuzz/corpus/$name findings=build/fuzz/findings
   mkdir -p "$work" "$findings"
-  local options=(-rss_limit_mb=4096 -timeout=20 -malloc_limit_mb=4096 "-artifact_prefix=$findings/$name-")
+  # A fixed seed by default (the same inputs on the same build: CI's runs are repeatable);
+  # TINYLM_FUZZ_SEED=0 takes a random one, for campaigns.
+  local options=(-rss_limit_mb=4096 -timeout=20 -malloc_limit_mb=4096 "-seed=${TINYLM_FUZZ_SEED:-1}"
+                 "-artifact_prefix=$findings/$name-")
   local regressions=(fuzz/regressions/"$name"/*)
   if [ -e "${regressions[0]}" ]; then
     "$exe" "${options[@]}" "${regressions[@]}" > "build/fuzz/$name-regressions.log" 2>&1 ||

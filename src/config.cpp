@@ -54,7 +54,7 @@ std::string format_double(double v) {
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream t;
     t << std::setprecision(p) << v;
-    if (std::stod(t.str()) == v) {
+    if (std::strtod(t.str().c_str(), nullptr) == v) {  // strtod: no exception past DBL_MAX
       s = t.str();
       break;
     }
@@ -173,14 +173,15 @@ std::string to_toml(const RunConfig& config) {
 
 namespace {
 
-/// The line of the first byte outside ASCII that stands outside a string or a comment,
-/// or 0. toml++ 3.3 (Debian 12) reaches __builtin_unreachable() (undefined behaviour)
+/// The line of the first byte outside ASCII that stands outside a string or a comment
+/// (or right after a backslash in a string), or 0. toml++ 3.3 (Debian 12) reaches __builtin_unreachable() (undefined behaviour)
 /// when it tests such a character (U+00A1 to U+0499) for whitespace; TOML allows
 /// non-ASCII characters only in strings and comments anyway, so they are refused here,
 /// before toml++ sees the text (a recipe read from a checkpoint is untrusted input).
 int64_t non_ascii_outside_strings(const std::string& text) {
   enum { normal, comment, basic, literal, multi_basic, multi_literal } state = normal;
   int64_t line = 1;
+  char last = '\n';  // the last character outside strings, spaces aside
   const std::string three_double(3, '"'), three_single(3, '\'');
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -188,36 +189,55 @@ int64_t non_ascii_outside_strings(const std::string& text) {
     if (c == '\n') {
       ++line;
       if (state == comment || state == basic || state == literal) state = normal;
+      if (state == normal) last = '\n';
       continue;
     }
     switch (state) {
-      case normal:
+      case normal: {
         if (static_cast<unsigned char>(c) >= 0x80) return line;
+        if (c == ' ' || c == '\t' || c == '\r') break;
+        // A string starts where TOML has a key or a value: at a line's start, after '=',
+        // '[', ',', '{' or '.'. Elsewhere (2"...) toml++ fails on it, and must not be
+        // handed what follows as if it were quoted.
+        const bool may_open = last != '\0' && std::strchr("\n=[,{.", last) != nullptr;
+        last = c;
         if (c == '#') {
           state = comment;
-        } else if (starts(three_double)) {
+        } else if (may_open && starts(three_double)) {
           state = multi_basic;
           i += 2;
-        } else if (starts(three_single)) {
+        } else if (may_open && starts(three_single)) {
           state = multi_literal;
           i += 2;
-        } else if (c == '"') {
+        } else if (may_open && c == '"') {
           state = basic;
-        } else if (c == '\'') {
+        } else if (may_open && c == '\'') {
           state = literal;
         }
         break;
+      }
       case comment:
         break;
       case basic:
-        if (c == '\\') ++i;
-        else if (c == '"') state = normal;
+        if (c == '\\') {
+          // toml++ tests the character after a backslash for whitespace: never non-ASCII
+          // there (no escape starts with one).
+          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return line;
+          ++i;
+        } else if (c == '"') {
+          state = normal;
+        }
         break;
       case literal:
         if (c == '\'') state = normal;
         break;
       case multi_basic:
         if (c == '\\') {
+          // A line-ending backslash: toml++ tests everything up to the next character
+          // that is not whitespace, across lines.
+          size_t j = i + 1;
+          while (j < text.size() && std::strchr(" \t\r\n", text[j]) && text[j] != '\0') ++j;
+          if (j < text.size() && static_cast<unsigned char>(text[j]) >= 0x80) return line;
           ++i;
         } else if (starts(three_double)) {
           state = normal;

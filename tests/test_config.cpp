@@ -142,3 +142,26 @@ TEST_CASE("text outside ASCII is read in strings and comments only, before toml+
   CHECK(c.out_dir == "runs/naïve ☃");
   CHECK(c.data == "données");
 }
+
+TEST_CASE("to_toml writes the largest doubles, which read back exactly", "[config]") {
+  // Found by the config fuzz target: the shortest form of 1.797e308 rounds past DBL_MAX
+  // at low precision, and std::stod threw std::out_of_range out of to_toml.
+  RunConfig c;
+  apply_toml(c, "weight-decay = 1.7976931348623157e308\n", "big.toml");
+  const std::string text = to_toml(c);
+  RunConfig back;
+  apply_toml(back, text, "back.toml");
+  CHECK(back.weight_decay == c.weight_decay);
+}
+
+TEST_CASE("a quote where TOML has no string opens none for the non-ASCII check", "[config][errors]") {
+  // The fuzzer's second toml++ input: `model =2"` then U+0314. toml++ tests what follows
+  // the 2 for whitespace; the quote there starts no string.
+  RunConfig c;
+  CHECK_THAT(error_message([&] { apply_toml(c, "model =2\"\xCC\x94" "ans\"\n", "q.toml"); }),
+             Catch::Contains("q.toml:1: a character outside ASCII stands outside a string"));
+  CHECK_THAT(error_message([&] { apply_toml(c, "out-dir = \"a\"\xC3\xA9\n", "r.toml"); }),
+             Catch::Contains("r.toml:1: a character outside ASCII"));
+  apply_toml(c, "\"out-dir\" = \"caf\xC3\xA9\"\n", "s.toml");  // a quoted key, then a value
+  CHECK(c.out_dir == "caf\xC3\xA9");
+}

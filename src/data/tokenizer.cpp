@@ -17,6 +17,15 @@
 #include <sstream>
 #include <unordered_map>
 
+// AddressSanitizer: GCC says __SANITIZE_ADDRESS__, clang __has_feature(address_sanitizer).
+#if defined(__SANITIZE_ADDRESS__)
+#define TINYLM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TINYLM_ASAN 1
+#endif
+#endif
+
 namespace tinylm::data {
 
 std::string Tokenizer::describe() const {
@@ -50,7 +59,7 @@ struct LoadedModule {
 const LoadedModule& loaded_module() {
   static const LoadedModule loaded = [] {
     LoadedModule m;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(TINYLM_ASAN)
     m.error = "SentencePiece is not available in a sanitizer build: its module must be loaded with "
               "RTLD_DEEPBIND, which AddressSanitizer does not allow (use a release build)";
     return m;
