@@ -72,24 +72,7 @@ std::string nanogpt_name(const std::string& name) {
 // torch.load refuses under its default weights_only=True; untagged, the pickle uses only
 // what that loader allows (dicts, strings, numbers, torch._utils._rebuild_tensor_v2,
 // torch.*Storage, collections.OrderedDict).
-std::string torch_save_bytes(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return archive;
-}
+std::string torch_save_bytes(const c10::IValue& value) { return internal::torch_save_archive(value, nullptr); }
 
 NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
   NanoGPTFit fit;
@@ -346,3 +329,27 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
 }
 
 }  // namespace tinylm::interop
+
+namespace tinylm::internal {
+
+std::string torch_save_archive(const c10::IValue& value, const std::function<void(std::vector<char>&)>& change_pickle) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  if (change_pickle) change_pickle(pickle);
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+}  // namespace tinylm::internal

@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -488,9 +487,9 @@ void TorchFile::unpickle(std::string_view p) {
       case '0': pop(); break;                                      // POP
       case '2': stack.push_back(top()); break;                     // DUP
       default: {
-        char hex[8];
-        std::snprintf(hex, sizeof hex, "0x%02x", op);
-        fail(std::string("uses opcode ") + hex + ", which torch.save does not write for a state dict");
+        const char* digits = "0123456789abcdef";
+        const std::string hex = {'0', 'x', digits[op >> 4], digits[op & 15]};
+        fail("uses opcode " + hex + ", which torch.save does not write for a state dict");
       }
     }
   }

@@ -15,7 +15,10 @@
 #include <c10/core/ScalarType.h>
 #include <torch/types.h>
 
+#include <ATen/core/ivalue.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -79,5 +82,11 @@ class TorchFile {
   std::vector<std::shared_ptr<PyValue>> made_;
   const Entry* entry(const std::string& name) const;
 };
+
+/// The bytes torch.save writes for `value` (interop::torch_save_bytes), with the pickle
+/// first handed to `change_pickle` when given (tests: a changed pickle whose archive's
+/// checksums match it).
+std::string torch_save_archive(const c10::IValue& value,
+                               const std::function<void(std::vector<char>&)>& change_pickle);
 
 }  // namespace tinylm::internal

@@ -6,9 +6,6 @@
 #include "interop/torch_file.h"
 
 #include <ATen/core/Dict.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -43,24 +40,9 @@ c10::IValue sample_value() {
   return top;
 }
 
-/// The archive torch.save writes for `value`, its pickle changed by `change` first (the
-/// archive's checksums then match the changed pickle).
+/// The archive torch.save writes for `value`, its pickle changed by `change` first.
 std::string archive(const c10::IValue& value, const std::function<void(std::vector<char>&)>& change) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  change(pickle);
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    out.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return out;
+  return tinylm::internal::torch_save_archive(value, change);
 }
 
 std::string sample_file() { return interop::torch_save_bytes(sample_value()); }
