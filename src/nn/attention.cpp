@@ -14,11 +14,11 @@ namespace tinylm::nn {
 
 namespace {
 
-/// Rows [start, start + rows) and columns [0, cols) of the causal mask, as bool.
-torch::Tensor causal_rows(const torch::Tensor& mask, int64_t start, int64_t rows, int64_t cols) {
-  auto allowed = mask.narrow(0, start, rows).narrow(1, 0, cols);
-  // Module::to(dtype) converts every buffer, the bool mask included: undo that here.
-  return allowed.scalar_type() == torch::kBool ? allowed : allowed.to(torch::kBool);
+/// Rows [start, start + rows) and columns [0, cols) of the causal mask: true where
+/// key j <= query start + i. Made per call, on `device`: (rows, cols) bool, nothing
+/// kept that grows with the model's maximum context.
+torch::Tensor causal_rows(int64_t start, int64_t rows, int64_t cols, const torch::Device& device) {
+  return torch::ones({rows, cols}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril(start);
 }
 
 /// softmax(q kᵀ / sqrt(Dh)) over keys, with keys masked out where `allowed` (broadcastable
@@ -105,7 +105,6 @@ void MultiHeadSelfAttentionImpl::reset() {
       "qkv_proj", torch::nn::Linear(torch::nn::LinearOptions(D, 3 * D).bias(options.bias())));
   out_proj = register_module(
       "out_proj", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
-  causal_mask = register_buffer("causal_mask", torch::ones({C, C}, torch::kBool).tril());
 }
 
 void MultiHeadSelfAttentionImpl::reset_parameters() {
@@ -195,7 +194,7 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   auto v = split_heads(qkv[2], H);              // (B, H, T, Dh)
 
   torch::Tensor allowed;  // true where query i may attend to key j; broadcastable to scores
-  if (options.causal()) allowed = causal_rows(causal_mask, 0, T, T);  // (T, T)
+  if (options.causal()) allowed = causal_rows(0, T, T, x.device());  // (T, T)
   if (padding_mask.defined()) {
     TORCH_CHECK(padding_mask.dim() == 2 && padding_mask.size(0) == B && padding_mask.size(1) == T,
                 "MultiHeadSelfAttention: padding_mask must be (B, T) = (", B, ", ", T,
@@ -233,7 +232,7 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;           // (B, H, Tc + Tn, Dh)
   values = Tc ? torch::cat({values, v}, /*dim=*/2) : v;
   // One new token sees every cached key: its mask row would be all true.
-  auto allowed = options.causal() && Tn > 1 ? causal_rows(causal_mask, Tc, Tn, Tc + Tn)
+  auto allowed = options.causal() && Tn > 1 ? causal_rows(Tc, Tn, Tc + Tn, x.device())
                                             : torch::Tensor();  // (Tn, Tc + Tn)
   auto weights = attention_weights(q, keys, allowed);             // (B, H, Tn, Tc + Tn)
   auto context = merge_heads(torch::matmul(weights, values));     // (B, Tn, D)

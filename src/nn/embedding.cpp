@@ -2,21 +2,28 @@
 // B = batch, T = sequence length, D = d_model, V = vocab size, C = max context length
 #include <tinylm/nn/embedding.h>
 
+#include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <mutex>
 
 namespace tinylm::nn {
 
 namespace {
 
-/// Rows [start, start + length) of a positional table (C, D), checked against C.
-torch::Tensor table_rows(const char* who, const torch::Tensor& table, int64_t start, int64_t length) {
-  const int64_t C = table.size(0);
+/// Checks rows [start, start + length) of a positional table of C rows.
+void check_rows(const char* who, int64_t C, int64_t start, int64_t length) {
   TORCH_CHECK(length >= 1, who, ": seq_len must be >= 1, got ", length);
   TORCH_CHECK(start != 0 || length <= C, who, ": seq_len ", length, " exceeds max_context_length ", C);
   TORCH_CHECK(start >= 0 && start + length <= C, who, ": positions [", start, ", ", start + length,
               ") exceed max_context_length ", C);
+}
+
+/// Rows [start, start + length) of a positional table (C, D), checked against C.
+torch::Tensor table_rows(const char* who, const torch::Tensor& table, int64_t start, int64_t length) {
+  check_rows(who, table.size(0), start, length);
   return table.narrow(0, start, length);  // (length, D)
 }
 
@@ -100,6 +107,11 @@ SinusoidalPositionalEmbeddingImpl::SinusoidalPositionalEmbeddingImpl(
   reset();
 }
 
+struct SinusoidalPositionalEmbeddingImpl::Table {
+  std::mutex mutex;
+  torch::Tensor rows;  // (n, D): rows [0, n), on the anchor's device, in its dtype
+};
+
 void SinusoidalPositionalEmbeddingImpl::reset() {
   const int64_t C = options.max_context_length(), D = options.d_model();
   TORCH_CHECK(C >= 1, "SinusoidalPositionalEmbedding: max_context_length must be >= 1, got ", C);
@@ -107,15 +119,8 @@ void SinusoidalPositionalEmbeddingImpl::reset() {
   TORCH_CHECK(D % 2 == 0, "SinusoidalPositionalEmbedding: d_model must be even, got ", D);
   TORCH_CHECK(options.base() > 0, "SinusoidalPositionalEmbedding: base must be > 0, got ",
               options.base());
-  // Computed in double, stored in float: the table is exact to float precision.
-  auto opts = torch::TensorOptions().dtype(torch::kFloat64);
-  auto position = torch::arange(C, opts).unsqueeze(1);                    // (C, 1)
-  auto two_i = torch::arange(0, D, 2, opts);                              // (D/2)
-  auto angle = position / torch::pow(options.base(), two_i / double(D));  // (C, D/2)
-  auto table = torch::empty({C, D}, opts);
-  table.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, D, 2)}, torch::sin(angle));
-  table.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, D, 2)}, torch::cos(angle));
-  pe = register_buffer("pe", table.to(torch::kFloat32));
+  anchor = register_buffer("anchor", torch::empty({0, D}));
+  table_ = std::make_shared<Table>();
 }
 
 void SinusoidalPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
@@ -124,12 +129,39 @@ void SinusoidalPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
      << ", base=" << options.base() << ")";
 }
 
-torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) {
-  return table_rows("SinusoidalPositionalEmbedding", pe, 0, seq_len);  // (T, D)
-}
+torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) { return rows(0, seq_len); }
 
 torch::Tensor SinusoidalPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
-  return table_rows("SinusoidalPositionalEmbedding", pe, start, length);
+  const int64_t C = options.max_context_length();
+  check_rows("SinusoidalPositionalEmbedding", C, start, length);
+  std::lock_guard<std::mutex> lock(table_->mutex);
+  auto& table = table_->rows;
+  const bool usable = table.defined() && table.device() == anchor.device() &&
+                      table.scalar_type() == anchor.scalar_type();
+  const int64_t held = usable ? table.size(0) : 0;
+  if (start + length <= held) return table.narrow(0, start, length);  // (length, D)
+  // Rows past a gap are made alone: only the lengths a model is run at are kept.
+  if (start > held) return make_rows(start, length);
+  // Grown by doubling, so that a sampler asking one row further each token remakes the
+  // table a logarithmic number of times.
+  table = make_rows(0, std::min(C, std::max({start + length, 2 * held, int64_t{64}})));
+  return table.narrow(0, start, length);  // (length, D)
+}
+
+torch::Tensor SinusoidalPositionalEmbeddingImpl::make_rows(int64_t start, int64_t length) const {
+  const int64_t D = options.d_model();
+  // A table made under inference mode could not be used by a later training step.
+  c10::InferenceMode not_inference(false);
+  // Computed in double (positions are exact below 2^53), rounded to float: exact to float
+  // precision, and the same values whichever rows are asked for.
+  auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+  auto position = torch::arange(start, start + length, opts).unsqueeze(1);  // (n, 1)
+  auto two_i = torch::arange(0, D, 2, opts);                                // (D/2)
+  auto angle = position / torch::pow(options.base(), two_i / double(D));    // (n, D/2)
+  auto rows = torch::empty({length, D}, opts);
+  rows.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, D, 2)}, torch::sin(angle));
+  rows.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, D, 2)}, torch::cos(angle));
+  return rows.to(torch::kFloat32).to(anchor.options());
 }
 
 }  // namespace tinylm::nn

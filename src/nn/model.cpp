@@ -133,15 +133,16 @@ class OptionReader {
   std::unordered_set<std::string> read_;
 };
 
-/// Refuses, before anything is allocated, a model whose weights and buffers (float32
-/// parameters, per-layer C x C causal masks, a C x D position table) cannot fit in the
-/// memory this process has: an architecture read from a file must not exhaust it.
-void check_fits(const ModelArchitecture& a, double parameters, double layers, double C, double D) {
-  const double bytes = 4.0 * parameters + layers * C * C + 4.0 * C * D;
+/// Refuses, before anything is allocated, a model whose weights (float32) cannot fit in
+/// the memory this process has: an architecture read from a file must not exhaust it.
+/// Nothing else a model holds grows with its options: masks and sinusoidal rows are made
+/// for the lengths it is run at.
+void check_fits(const ModelArchitecture& a, double parameters) {
+  const double bytes = 4.0 * parameters;
   const uint64_t available = internal::available_memory_bytes();
   TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", printable(a.kind),
               " model with these options needs about ", internal::human_bytes(bytes),
-              " for its weights and buffers, but ", internal::human_bytes(static_cast<double>(available)),
+              " for its weights, but ", internal::human_bytes(static_cast<double>(available)),
               " is available: lower vocab_size, context_length, d_model or n_layers");
 }
 
@@ -241,12 +242,11 @@ LanguageModel build_model(const ModelArchitecture& a) {
   const auto p = parse_architecture(a, /*warn=*/true);
   if (p.tiny) {
     const auto& o = *p.tiny;
-    check_fits(a, parameter_elements(o), 1, static_cast<double>(o.context_length()), static_cast<double>(o.d_model()));
+    check_fits(a, parameter_elements(o));
     return std::make_shared<TinyAttentionLMImpl>(o);
   }
   const auto& o = *p.transformer;
-  check_fits(a, parameter_elements(o), static_cast<double>(o.n_layers()), static_cast<double>(o.context_length()),
-             static_cast<double>(o.d_model()));
+  check_fits(a, parameter_elements(o));
   return std::make_shared<TransformerLMImpl>(o);
 }
 

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -29,8 +30,9 @@ MemoryEstimate estimate_memory(const RunConfig& c, int64_t batch_size, bool trai
   }
   // Weights; in training also their gradients and Adam's two moments.
   m.parameter_bytes = 4 * m.parameters * (training ? 4 : 1);
-  // One causal mask (C x C bool) per attention layer, and the sinusoidal table.
-  m.buffer_bytes = layers * C * C + ((tiny || c.positions == "sinusoidal") ? 4 * C * D : 0);
+  // The causal mask of the step-by-step attention (T x T bool, made per call), and the
+  // sinusoidal rows, kept for the longest length run (grown by doubling: under 2T rows).
+  m.buffer_bytes = T * T + ((tiny || c.positions == "sinusoidal") ? 4 * std::min(C, 2 * T) * D : 0);
   // Training keeps, per token and layer, at least the block's inputs, q/k/v, the
   // attention context and output and the MLP's hidden activations, per (row, head) the
   // T x T attention weights, and at the top the logits and their gradient. Inference

@@ -92,7 +92,7 @@ ls killed | grep -q '\.tmp\.' && fail "a partial checkpoint is still there: $(ls
 # ---- hangs and kills ------------------------------------------------------------------
 expect_one_line_error "batch-size 1e9"     "batch-size 1000000000 needs about" "$tinylm" train --batch-size 1e9 --out-dir never
 expect_one_line_error "seq-len 1e9"        "seq-len 1000000000 needs about" "$tinylm" train --seq-len 1e9 --out-dir never
-expect_one_line_error "context-length 1e9" "context-length 1000000000 needs about" "$tinylm" train --context-length 1e9 --out-dir never
+expect_one_line_error "context-length 1e9" "context-length 1000000000 needs about" "$tinylm" train --model transformer --context-length 1e9 --out-dir never
 expect_one_line_error "n-layers 1e9"       "n-layers 1000000000 needs about" "$tinylm" train --model transformer --n-layers 1e9 --out-dir never
 expect_one_line_error "eval batch-size 1e9" "batch-size 1000000000 needs about" "$tinylm" eval earlier --batch-size 1e9
 expect_one_line_error "train threads 100000" "threads 100000 is more than" "$tinylm" train --threads 100000 --out-dir never

@@ -4,6 +4,7 @@
 #include <tinylm/nn/embedding.h>
 
 #include <cmath>
+#include <vector>
 
 using namespace tinylm::nn;
 using tinylm::test::error_message;
@@ -45,14 +46,28 @@ TEST_CASE("sinusoidal table follows sin/cos of p / base^(2i/D)", "[nn][positiona
   CHECK(torch::equal(pos(5), pe.narrow(0, 0, 5)));
 }
 
-TEST_CASE("sinusoidal positions have no parameters and pe is a buffer", "[nn][positional]") {
-  SinusoidalPositionalEmbedding pos(SinusoidalPositionalEmbeddingOptions(12, 6));
+TEST_CASE("sinusoidal positions have no parameters and hold no table for their maximum context",
+          "[nn][positional]") {
+  // A context of 2^40 rows would be 16 TiB as a table: rows are made for the lengths used.
+  const int64_t huge = int64_t{1} << 40;
+  SinusoidalPositionalEmbedding pos(SinusoidalPositionalEmbeddingOptions(huge, 6));
   CHECK(pos->parameters().empty());
-  auto buffers = pos->named_buffers();
-  REQUIRE(buffers.contains("pe"));
-  CHECK(buffers["pe"].sizes() == torch::IntArrayRef({12, 6}));
-  pos->to(torch::kFloat64);
-  CHECK(pos->pe.scalar_type() == torch::kFloat64);
+  for (const auto& b : pos->buffers()) CHECK(b.numel() == 0);
+  auto late = pos->rows(huge - 3, 2);  // the far end of the context, exactly
+  REQUIRE(late.sizes() == torch::IntArrayRef({2, 6}));
+  const double p = static_cast<double>(huge - 2), angle = p / std::pow(10000.0, 2.0 / 6.0);
+  CHECK(late[1][2].item<double>() == Approx(static_cast<float>(std::sin(angle))).margin(1e-6));
+  CHECK(late[1][3].item<double>() == Approx(static_cast<float>(std::cos(angle))).margin(1e-6));
+  // Rows asked for one by one (a sampler) equal the rows of one longer request.
+  SinusoidalPositionalEmbedding small(SinusoidalPositionalEmbeddingOptions(300, 6));
+  std::vector<torch::Tensor> one_by_one;
+  for (int64_t p = 0; p < 300; ++p) one_by_one.push_back(small->rows(p, 1));
+  SinusoidalPositionalEmbedding whole(SinusoidalPositionalEmbeddingOptions(300, 6));
+  CHECK(torch::equal(torch::cat(one_by_one), whole(300)));
+  // .to(dtype) applies to rows made before and after it.
+  small->to(torch::kFloat64);
+  CHECK(small(5).scalar_type() == torch::kFloat64);
+  CHECK(torch::allclose(small(5), whole(5).to(torch::kFloat64)));
 }
 
 TEST_CASE("sinusoidal positions reject bad configurations and lengths",

@@ -132,7 +132,7 @@ TEST_CASE(".to(dtype) moves parameters and buffers of a whole model", "[nn][mode
   TransformerLM model(TransformerLMOptions(20, 8, 8, 2, 1).positions(PositionEncoding::sinusoidal));
   model->to(torch::kFloat64);
   for (const auto& b : model->named_buffers()) {
-    if (b.key().find("pe") != std::string::npos) CHECK(b.value().scalar_type() == torch::kFloat64);
+    if (b.key().find("anchor") != std::string::npos) CHECK(b.value().scalar_type() == torch::kFloat64);
   }
   auto logits = model->forward(torch::randint(20, {1, 8}, torch::kLong)).logits;
   CHECK(logits.scalar_type() == torch::kFloat64);
@@ -164,8 +164,19 @@ TEST_CASE("an architecture rebuilds its model, unknown options are skipped and n
   auto mine = tiny;
   mine.kind = "mamba";
   CHECK_THAT(error_message([&] { build_model(mine); }), Catch::Contains("cannot build a model of kind 'mamba'"));
+  // Weights are what a model allocates up front: a context of 10^12 costs nothing
+  // without learned positions (masks and sinusoidal rows are made for the lengths run),
+  // and is refused with them, before anything is allocated.
+  auto long_context = tiny;
+  long_context.options["context_length"] = "1000000000000";
+  auto lean = build_model(long_context);
+  for (const auto& b : lean->buffers()) CHECK(b.numel() == 0);
+  CHECK(lean->forward(torch::randint(20, {2, 9}, torch::kLong)).logits.sizes() == torch::IntArrayRef({2, 9, 20}));
+  auto learned = TransformerLM(TransformerLMOptions(20, 7, 8, 2, 1))->architecture();
+  learned.options["context_length"] = "1000000000000";
+  CHECK_THAT(error_message([&] { build_model(learned); }), Catch::Contains("lower vocab_size, context_length"));
   auto huge = tiny;
-  huge.options["context_length"] = "100000000";  // 10^16 mask entries
+  huge.options["vocab_size"] = "100000000000";
   CHECK_THAT(error_message([&] { build_model(huge); }), Catch::Contains("lower vocab_size, context_length"));
   auto garbled = tiny;
   garbled.options["d_model"] = "8x";

@@ -28,6 +28,7 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   RunConfig batch = reference, seq = reference, ctx = reference, layers = reference, vocab = reference;
   batch.batch_size = 1000000000;
   seq.seq_len = 1000000000;
+  ctx.model = "transformer";  // learned positions: a weight per position
   ctx.context_length = 1000000000;
   layers.model = "transformer";
   layers.n_layers = 1000000000;
@@ -41,6 +42,10 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
                Catch::StartsWith(key) && Catch::Contains("is available: lower"));
     CHECK_THAT(error_message([&] { Trainer trainer = make_trainer(config); }), Catch::StartsWith(key));
   }
+  // Without learned positions a long context costs nothing until it is used.
+  RunConfig lean = reference;
+  lean.context_length = 1000000000;
+  check_memory(lean, lean.batch_size, true);
   // Evaluation with a huge batch: the batch is named.
   CHECK_THAT(error_message([&] { check_memory(reference, 1000000000, false); }),
              Catch::StartsWith("batch-size 1000000000"));

@@ -110,7 +110,6 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   MultiHeadSelfAttentionOptions options;
   torch::nn::Linear qkv_proj{nullptr};  // D -> 3D, output split as q | k | v
   torch::nn::Linear out_proj{nullptr};  // D -> D
-  torch::Tensor causal_mask;            // (C, C) lower-triangular bool, non-persistent
 };
 TORCH_MODULE(MultiHeadSelfAttention);
 

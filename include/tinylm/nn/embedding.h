@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 
 namespace tinylm::nn {
@@ -68,9 +69,11 @@ struct SinusoidalPositionalEmbeddingOptions {
   TORCH_ARG(double, base) = 10000.0;
 };
 
-/// Fixed sin/cos table `pe` (C, D): pe[p, 2i] = sin(p / base^(2i/D)),
-/// pe[p, 2i+1] = cos(same). No parameters; `pe` is a non-persistent buffer
-/// (moved by .to(), never written to checkpoints: it is rebuilt from the options).
+/// Fixed sin/cos positions: row p is pe[p, 2i] = sin(p / base^(2i/D)),
+/// pe[p, 2i+1] = cos(same). No parameters, nothing in checkpoints. The rows are computed
+/// when first asked for and kept for the longest length asked so far (never more than
+/// max_context_length): nothing is allocated for a context the model is never run at,
+/// so a large max_context_length read from a file costs no memory by itself.
 class SinusoidalPositionalEmbeddingImpl
     : public torch::nn::Cloneable<SinusoidalPositionalEmbeddingImpl> {
  public:
@@ -83,7 +86,14 @@ class SinusoidalPositionalEmbeddingImpl
   torch::Tensor rows(int64_t start, int64_t length);
 
   SinusoidalPositionalEmbeddingOptions options;
-  torch::Tensor pe;  // (C, D)
+  /// An empty (0, D) buffer: .to() moves and converts it, and the rows are made on its
+  /// device, in its dtype.
+  torch::Tensor anchor;
+
+ private:
+  torch::Tensor make_rows(int64_t start, int64_t length) const;  // (length, D)
+  struct Table;                  // the rows computed so far, behind a mutex
+  std::shared_ptr<Table> table_;  // made anew by reset()
 };
 TORCH_MODULE(SinusoidalPositionalEmbedding);
 
