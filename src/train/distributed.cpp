@@ -18,11 +18,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace tinylm::train {
 
@@ -85,13 +92,17 @@ std::string first_line(const std::exception& e) {
 }
 
 /// Waits for a collective; a peer that died, hung past the timeout or left becomes one
-/// line naming this rank and the collective. (The work's type moved between LibTorch
-/// releases: ProcessGroup::Work in 1.13, c10d::Work in 2.x.)
-template <typename WorkPtr>
-void wait(const DistributedOptions& o, const char* what, const WorkPtr& work) {
+/// line naming this rank and the collective, and the ranks whose heartbeat stopped (a
+/// process stopped or hung, or dead) when there are any. (The work's type moved between
+/// LibTorch releases: ProcessGroup::Work in 1.13, c10d::Work in 2.x.)
+template <typename WorkPtr, typename Silent>
+void wait(const DistributedOptions& o, const char* what, const WorkPtr& work, const Silent& silent_ranks) {
   try {
     work->wait();
   } catch (const std::exception& e) {
+    const std::string silent = silent_ranks();
+    TORCH_CHECK(silent.empty(), "rank ", o.rank, " of ", o.world_size, ": the ", what, " failed (",
+                first_line(e), "): ", silent, " (stopped, hung or dead: look there first)");
     TORCH_CHECK(false, "rank ", o.rank, " of ", o.world_size, ": the ", what, " failed (",
                 first_line(e), "): another process of the job died, stopped answering for ",
                 o.timeout_seconds, " s, or left");
@@ -197,6 +208,70 @@ using Collectives = c10d::ProcessGroup;
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<Collectives> engine;
+
+  // Heartbeats: a thread adds 1 to this rank's counter in the store every `beat` and
+  // notes when each other rank's counter last moved. A process that is stopped
+  // (SIGSTOP, a debugger), hung in the kernel or dead stops counting, while one that is
+  // only slow (a long data load, a checkpoint write) goes on: when a collective fails,
+  // the ranks silent for three beats are the ones to name.
+  using Clock = std::chrono::steady_clock;
+  std::thread heartbeat;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  Clock::duration beat{};
+  std::vector<int64_t> counts;             // per rank, as last read
+  std::vector<Clock::time_point> changed;  // per rank, when its count last moved
+
+  void start_heartbeat(const DistributedOptions& o) {
+    const auto eighth = std::chrono::duration<double>(o.timeout_seconds / 8);
+    beat = std::chrono::duration_cast<Clock::duration>(
+        std::clamp(eighth, std::chrono::duration<double>(0.05), std::chrono::duration<double>(5.0)));
+    counts.assign(static_cast<size_t>(o.world_size), -1);
+    changed.assign(static_cast<size_t>(o.world_size), Clock::now());
+    heartbeat = std::thread([this, rank = o.rank, world = o.world_size] {
+      const auto key = [](int64_t r) { return "tinylm/alive/" + std::to_string(r); };
+      for (;;) {
+        try {
+          store->add(key(rank), 1);
+          for (int64_t r = 0; r < world; ++r) {
+            if (r == rank) continue;
+            const int64_t count = store->add(key(r), 0);
+            std::lock_guard<std::mutex> lock(mutex);
+            if (count != counts[r]) counts[r] = count, changed[r] = Clock::now();
+          }
+        } catch (const std::exception&) {
+          return;  // the store is gone: the collectives say so themselves
+        }
+        std::unique_lock<std::mutex> lock(mutex);
+        if (wake.wait_for(lock, beat, [this] { return stopping; })) return;
+      }
+    });
+  }
+
+  /// "rank 1 has given no sign of life for 11 s" (and more ranks), or "" when every
+  /// other rank's heartbeat is recent.
+  std::string silent_ranks(int64_t self) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto now = Clock::now();
+    std::string out;
+    for (size_t r = 0; r < changed.size(); ++r) {
+      const auto quiet = std::chrono::duration<double>(now - changed[r]).count();
+      if (static_cast<int64_t>(r) == self || now - changed[r] < 3 * beat) continue;
+      out += std::string(out.empty() ? "" : ", ") + "rank " + std::to_string(r) +
+             " has given no sign of life for " + std::to_string(static_cast<int64_t>(quiet)) + " s";
+    }
+    return out;
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
+  }
 };
 
 ProcessGroup::ProcessGroup(DistributedOptions options)
@@ -231,6 +306,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o)
                 " (is rank 0 running, and are the address and port right and free?)");
   }
   group->arrive();
+  group->impl_->start_heartbeat(o);
   try {
     if (group->backend_ == DistBackend::nccl) {
 #ifdef TINYLM_HAVE_NCCL
@@ -357,6 +433,10 @@ torch::Tensor ProcessGroup::stage(const torch::Tensor& flat) const {
   return flat.is_cpu() ? flat : flat.cpu();  // Gloo: through host memory
 }
 
+std::function<std::string()> ProcessGroup::silent() const {
+  return [this] { return impl_->silent_ranks(options_.rank); };
+}
+
 void ProcessGroup::all_reduce_sum(const std::vector<torch::Tensor>& tensors) { all_reduce(tensors, false); }
 
 void ProcessGroup::all_reduce_mean(const std::vector<torch::Tensor>& tensors) { all_reduce(tensors, true); }
@@ -366,7 +446,7 @@ void ProcessGroup::all_reduce(const std::vector<torch::Tensor>& tensors, bool me
   torch::NoGradGuard no_grad;
   auto flat = flat_view(tensors);
   std::vector<torch::Tensor> buffers{stage(flat)};
-  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
+  wait(options_, "all-reduce", impl_->engine->allreduce(buffers), silent());
   if (mean) buffers[0].div_(static_cast<double>(options_.world_size));
   if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
   scatter_back(flat, tensors);
@@ -378,7 +458,7 @@ torch::Tensor ProcessGroup::all_gather(const torch::Tensor& tensor) {
   std::vector<torch::Tensor> inputs{input};
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int64_t r = 0; r < options_.world_size; ++r) outputs[0].push_back(torch::empty_like(input));
-  wait(options_, "all-gather", impl_->engine->allgather(outputs, inputs));
+  wait(options_, "all-gather", impl_->engine->allgather(outputs, inputs), silent());
   return torch::stack(outputs[0]).to(tensor.device());
 }
 
@@ -389,7 +469,7 @@ void ProcessGroup::broadcast(const std::vector<torch::Tensor>& tensors, int64_t 
   std::vector<torch::Tensor> buffers{stage(flat)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  wait(options_, "broadcast", impl_->engine->broadcast(buffers, options));
+  wait(options_, "broadcast", impl_->engine->broadcast(buffers, options), silent());
   if (!buffers[0].is_same(flat)) flat.copy_(buffers[0]);
   scatter_back(flat, tensors);
 }
@@ -397,13 +477,13 @@ void ProcessGroup::broadcast(const std::vector<torch::Tensor>& tensors, int64_t 
 bool ProcessGroup::any(bool flag) {
   if (options_.world_size == 1) return flag;
   std::vector<torch::Tensor> buffers{stage(torch::full({1}, flag ? 1.0f : 0.0f))};
-  wait(options_, "all-reduce", impl_->engine->allreduce(buffers));
+  wait(options_, "all-reduce", impl_->engine->allreduce(buffers), silent());
   return buffers[0].item<float>() > 0;
 }
 
 void ProcessGroup::barrier() {
   if (options_.world_size == 1) return;
-  wait(options_, "barrier", impl_->engine->barrier());
+  wait(options_, "barrier", impl_->engine->barrier(), silent());
 }
 
 }  // namespace tinylm::train

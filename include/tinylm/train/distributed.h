@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,6 +108,7 @@ class ProcessGroup {
   void all_reduce(const std::vector<torch::Tensor>& tensors, bool mean);
   /// Says this rank has joined; rank 0 waits for every other rank (see connect).
   void arrive();
+  std::function<std::string()> silent() const;  // the ranks whose heartbeat stopped
   struct Impl;
   /// The buffer a collective runs on: `flat` itself, or a copy on the backend's side
   /// (host memory for Gloo, the rank's GPU for NCCL), copied back by finish().
