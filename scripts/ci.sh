@@ -9,8 +9,8 @@
 #   cuda        scripts/check-debian13.sh --cuda: built against Debian 13's CUDA LibTorch
 #               with NCCL; the CPU suite runs on it, the CUDA tests report Skipped
 #   sanitizers  scripts/check-sanitizers.sh: ASan + UBSan, every report fatal
-#   fuzz        scripts/fuzz.sh 15: each libFuzzer target (clang, ASan + UBSan) replays
-#               its regression files, then fuzzes 15 s from its seed corpus
+#   fuzz        scripts/fuzz.sh 30: each libFuzzer target (clang, ASan + UBSan) replays
+#               its regression files, then fuzzes 30 s from its seed corpus
 #   roots       the Debian 13 roots made or brought up to date in the background while
 #               debian12 builds (downloading and unpacking overlap the compiler)
 #
@@ -119,7 +119,7 @@ for leg in "${legs[@]}"; do
     debian13) run_leg debian13 scripts/check-debian13.sh ;;
     cuda) run_leg cuda scripts/check-debian13.sh --cuda ;;
     sanitizers) run_leg sanitizers scripts/check-sanitizers.sh ;;
-    fuzz) run_leg fuzz scripts/fuzz.sh 15 ;;
+    fuzz) run_leg fuzz scripts/fuzz.sh 30 ;;
   esac
 done
 if [ "$need_roots" = 1 ]; then
