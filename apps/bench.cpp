@@ -1,6 +1,7 @@
-// tinylm bench: figures for the README's performance table, as JSON lines.
+// tinylm bench: the figures of docs/performance.md, as JSON lines.
 // Every figure is a median over repetitions after warm-up, with min and max.
 #include "bench.h"
+#include "spawn.h"
 
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/run.h>
@@ -419,12 +420,12 @@ RunConfig dp_config(bool quick) {
   return c;
 }
 
-/// One rank of the data-parallel case (`tinylm bench --cases dp_worker`, started by
+/// One rank of the data-parallel case (`tinylm bench-worker dp`, started by
 /// bench_dp with torchrun's variables): rank 0 prints its step time and the time spent
 /// in the gradient all-reduce, as one JSON line.
 void bench_dp_worker(bool quick) {
   auto dist = train::distributed_from_environment();
-  TORCH_CHECK(dist, "the dp_worker case is started by the dp case, with WORLD_SIZE and RANK set");
+  TORCH_CHECK(dist, "bench-worker dp is started by the dp case, with WORLD_SIZE and RANK set");
   auto group = train::ProcessGroup::connect(*dist);
   const RunConfig c = dp_config(quick);
   train::Trainer t = make_trainer(c, group);
@@ -439,35 +440,24 @@ void bench_dp_worker(bool quick) {
                 {"allreduce_seconds", (t.communication_seconds() - comm_before) / dp_steps(quick)}});
 }
 
-/// Runs `tinylm bench --cases dp_worker` as `world` ranks on a loopback port; returns
-/// rank 0's line.
+/// Runs `tinylm bench-worker dp` as `world` ranks on a loopback port; returns rank 0's
+/// line.
 Json run_dp_job(int64_t world, bool quick) {
   const int64_t port = train::free_loopback_port();
   int out[2];
   TORCH_CHECK(::pipe(out) == 0, "bench dp: cannot open a pipe");
   std::vector<pid_t> pids;
   for (int64_t rank = 0; rank < world; ++rank) {
-    const pid_t pid = ::fork();
-    TORCH_CHECK(pid >= 0, "bench dp: cannot start worker ", rank);
-    if (pid == 0) {
-      ::close(out[0]);
-      if (rank == 0) ::dup2(out[1], STDOUT_FILENO);
-      else ::freopen("/dev/null", "w", stdout);
-      ::close(out[1]);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<std::string> args = {"tinylm", "bench", "--cases", "dp_worker", "--threads", "1"};
-      if (quick) args.push_back("--quick");
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      ::_exit(127);
-    }
-    pids.push_back(pid);
+    cli::SpawnOptions worker;
+    worker.args = {"tinylm", "bench-worker", "dp", "--threads", "1"};
+    if (quick) worker.args.push_back("--quick");
+    worker.env = {{"WORLD_SIZE", std::to_string(world)}, {"RANK", std::to_string(rank)},
+                  {"LOCAL_RANK", std::to_string(rank)},  {"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(port)}};
+    if (rank == 0) worker.stdout_fd = out[1];
+    else worker.quiet = true;
+    worker.close_fds = {out[0], out[1]};
+    pids.push_back(cli::spawn_self(worker));
   }
   ::close(out[1]);
   std::string text;
@@ -478,7 +468,7 @@ Json run_dp_job(int64_t world, bool quick) {
   for (pid_t pid : pids) {
     int status = 0;
     ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    ok = ok && cli::exit_code(status) == 0;
   }
   TORCH_CHECK(ok && !text.empty(), "bench dp: a worker of the ", world, "-process job failed");
   return Json::parse(text.substr(0, text.find('\n')));
@@ -615,17 +605,15 @@ RunConfig data_config() {
 
 int64_t data_steps(bool quick) { return quick ? 4 : 300; }
 
-/// `tinylm bench --cases data_worker` (started by the data case): trains on the prepared
-/// corpus $TINYLM_BENCH_DATA ($TINYLM_BENCH_IN_MEMORY=1: copied into memory) and prints
-/// its step time and peak resident memory.
-void bench_data_worker(bool quick) {
-  const char* dir = std::getenv("TINYLM_BENCH_DATA");
-  TORCH_CHECK(dir, "the data_worker case is started by the data case");
-  const char* in_memory = std::getenv("TINYLM_BENCH_IN_MEMORY");
+/// `tinylm bench-worker data --data DIR [--in-memory]` (started by the data case): trains
+/// on the prepared corpus DIR (mapped, or copied into memory) and prints its step time
+/// and peak resident memory.
+void bench_data_worker(const std::string& dir, bool in_memory, bool quick) {
+  TORCH_CHECK(!dir.empty(), "bench-worker data needs --data DIR (the data case starts it)");
   RunConfig c = data_config();
   c.data = dir;
   auto task = std::make_shared<data::TokenFileTask>(
-      dir, c.seq_len, data::TokenFileTaskOptions{in_memory && std::string(in_memory) == "1"});
+      dir, c.seq_len, data::TokenFileTaskOptions{in_memory});
   c.vocab_size = task->vocab_size();
   train::Trainer t(build_model(c), task, trainer_options(c));
   for (int i = 0; i < 3; ++i) t.train_step();
@@ -651,35 +639,11 @@ void bench_data_worker(bool quick) {
 }
 
 Json run_data_worker(const std::string& dir, bool in_memory, bool quick) {
-  int out[2];
-  TORCH_CHECK(::pipe(out) == 0, "bench data: cannot open a pipe");
-  const pid_t pid = ::fork();
-  TORCH_CHECK(pid >= 0, "bench data: cannot start a worker");
-  if (pid == 0) {
-    ::close(out[0]);
-    ::dup2(out[1], STDOUT_FILENO);
-    ::close(out[1]);
-    ::setenv("TINYLM_BENCH_DATA", dir.c_str(), 1);
-    ::setenv("TINYLM_BENCH_IN_MEMORY", in_memory ? "1" : "0", 1);
-    std::vector<std::string> args = {"tinylm", "bench", "--cases", "data_worker", "--threads",
-                                     std::to_string(g_threads)};
-    if (quick) args.push_back("--quick");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv("/proc/self/exe", argv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  ::close(out[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  TORCH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !text.empty(), "bench data: the worker on '",
-              dir, "' failed");
-  return Json::parse(text.substr(0, text.find('\n')));
+  cli::SpawnOptions worker;
+  worker.args = {"tinylm", "bench-worker", "data", "--data", dir, "--threads", std::to_string(g_threads)};
+  if (in_memory) worker.args.push_back("--in-memory");
+  if (quick) worker.args.push_back("--quick");
+  return Json::parse(cli::run_self(worker, "bench data: the worker on '" + dir + "'"));
 }
 
 /// prepare's throughput (bytes and BPE) on generated text; then training on a large and
@@ -779,22 +743,11 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "gemm" || item == "dp" || item == "dp_worker" || item == "data" ||
-                      item == "data_worker",
+                      item == "gemm" || item == "dp" || item == "data",
                   "unknown bench case '", item,
                   "': use peak, p1, p2, p3, attention, gemm, dp, data (comma-separated)");
     }
   }
-  if (a.cases == "dp_worker") {  // one rank of the dp case's job, started by it
-    bench_dp_worker(a.quick);
-    return 0;
-  }
-  if (a.cases == "data_worker") {  // one training process of the data case, started by it
-    bench_data_worker(a.quick);
-    return 0;
-  }
-  TORCH_CHECK(!wants("dp_worker"), "the dp_worker case runs alone (the dp case starts it)");
-  TORCH_CHECK(!wants("data_worker"), "the data_worker case runs alone (the data case starts it)");
   // P2's utilisation needs the peak: measure it whenever P2 runs.
   const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
@@ -808,5 +761,14 @@ int run_bench(const BenchArgs& a) {
   if (wants("attention")) bench_attention(a.quick);
   if (wants("dp")) bench_dp(a.quick);
   if (wants("data")) bench_data(a.quick);
+  return 0;
+}
+
+int run_bench_worker(const BenchWorkerArgs& a) {
+  TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
+  set_cpu_threads(a.threads);
+  g_threads = a.threads;
+  if (a.kind == "dp") bench_dp_worker(a.quick);
+  else bench_data_worker(a.data, a.in_memory, a.quick);
   return 0;
 }

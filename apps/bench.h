@@ -12,3 +12,14 @@ struct BenchArgs {
 };
 
 int run_bench(const BenchArgs& args);
+
+/// One worker process of the dp and data cases, which start it (`tinylm bench-worker`, a
+/// subcommand left out of --help).
+struct BenchWorkerArgs {
+  std::string kind;  // dp | data
+  std::string data;  // data: the prepared corpus
+  bool in_memory = false, quick = false;
+  int64_t threads = 1;
+};
+
+int run_bench_worker(const BenchWorkerArgs& args);

@@ -1,5 +1,6 @@
 // The RunConfig layer: model, task, trainer options and Trainer from a run config.
 #include <tinylm/data/token_file.h>
+#include <tinylm/data/tokenizer.h>
 #include <tinylm/log.h>
 #include <tinylm/run.h>
 #include <tinylm/train/resources.h>
@@ -112,6 +113,58 @@ RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
                    "ignored", ck.path, internal::printable(key));
   validate(c);
   return c;
+}
+
+namespace {
+
+/// The checkpoint's own tokenizer; for one written before tokenizers were stored, the
+/// one its task implies (bytes for text, the corpus's for tokens, ids otherwise).
+std::shared_ptr<const data::Tokenizer> tokenizer_of(const InferenceRun& run) {
+  if (auto stored = train::checkpoint_tokenizer(run.checkpoint)) return stored;
+  if (run.task) return run.task->tokenizer();
+  if (run.config.task == "text") return data::byte_tokenizer();
+  TORCH_CHECK(run.config.task != "tokens", "checkpoint '", run.checkpoint.path,
+              "' carries no tokenizer (written by an older tinylm): pass --data DIR, the prepared corpus"
+              " it was trained on");
+  return data::ids_tokenizer(run.model->vocab_size());
+}
+
+}  // namespace
+
+InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOptions& options) {
+  const std::string& data_override = options.data;
+  InferenceRun run;
+  run.checkpoint = std::move(checkpoint);
+  run.config = config_from_checkpoint(run.checkpoint);
+  auto& cfg = run.config;
+  if (!data_override.empty()) cfg.data = data_override;
+  run.device = train::resolve_device(options.device);
+  train::check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
+  run.model = nn::build_model(run.checkpoint.architecture);
+  train::load_model_state(run.checkpoint, *run.model);
+  run.model->to(run.device);
+  run.model->eval();
+  const bool has_tokenizer = !run.checkpoint.tokenizer_kind.empty();
+  if (options.need_data || (cfg.task == "tokens" && !has_tokenizer)) {
+    try {
+      run.task = make_task(cfg);
+    } catch (const c10::Error& e) {
+      const bool file_data = cfg.task == "text" || cfg.task == "tokens";
+      TORCH_CHECK(false, e.what_without_backtrace(),
+                  file_data && data_override.empty() ? " (the checkpoint's data; pass --data PATH if it moved)" : "");
+    }
+  }
+  run.tokenizer = tokenizer_of(run);
+  if (run.task && has_tokenizer)
+    TORCH_CHECK(run.task->tokenizer()->kind() == run.tokenizer->kind() &&
+                    run.task->tokenizer()->model_bytes() == run.tokenizer->model_bytes(),
+                "checkpoint '", run.checkpoint.path, "' was trained with another tokenizer than the data '",
+                cfg.data, "' (", run.tokenizer->describe(), " vs ", run.task->tokenizer()->describe(),
+                "): pass --data with the corpus it was trained on");
+  TORCH_CHECK(run.tokenizer->vocab_size() <= run.model->vocab_size(), "checkpoint '", run.checkpoint.path,
+              "': its tokenizer has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocabulary ",
+              run.model->vocab_size());
+  return run;
 }
 
 }  // namespace tinylm

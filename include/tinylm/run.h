@@ -37,4 +37,28 @@ train::Trainer make_trainer(const RunConfig& config,
 /// validated.
 RunConfig config_from_checkpoint(const train::Checkpoint& checkpoint);
 
+/// A checkpoint made ready to evaluate or sample: the model it describes with its weights
+/// (eval mode, on `device`), the run config it was trained with, its tokenizer, and its
+/// task when the data was asked for.
+struct InferenceRun {
+  train::Checkpoint checkpoint;
+  RunConfig config;  // the one it was trained with, `data` replaced when given
+  nn::LanguageModel model;
+  std::unique_ptr<data::Task> task;  // only when the data is needed (or the tokenizer is in it)
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  torch::Device device = torch::kCPU;
+};
+
+struct InferenceOptions {
+  std::string device = "auto";  // auto, cpu, cuda or cuda:N
+  std::string data;             // the data file or corpus, if it moved ("" = the recipe's)
+  bool need_data = false;       // build the task (evaluation)
+};
+
+/// Builds the run a checkpoint holds for inference, after checking that it fits in memory.
+/// The tokenizer is the checkpoint's own; for one written before tokenizers were stored,
+/// the one its task implies (bytes for text, the corpus's for tokens, ids otherwise). A
+/// tokenizer that disagrees with the data or outnumbers the model's vocabulary is refused.
+InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOptions& options = {});
+
 }  // namespace tinylm

@@ -1,0 +1,44 @@
+// Helpers more than one subcommand needs.
+#include "command.h"
+
+#include <tinylm/train/checkpoint.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace tinylm::cli {
+
+namespace {
+
+/// Integer options also take exact decimal notation ("1e9", "64.0"), as people write
+/// sizes; anything else is left for CLI11 to refuse.
+const CLI::Validator kIntegerNotation(
+    [](std::string& text) -> std::string {
+      if (text.find_first_of("eE.") == std::string::npos) return {};
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
+          std::abs(v) >= 9.2e18)
+        return {};
+      text = std::to_string(static_cast<long long>(v));
+      return {};
+    },
+    "", "integer notation");
+
+}  // namespace
+
+CLI::Option* integer(CLI::Option* option) { return option->transform(kIntegerNotation); }
+
+/// The checkpoint a command names (a file, or a run directory's newest). Format 1 is
+/// refused here with the command that converts a trusted file.
+train::Checkpoint open_checkpoint(const std::string& file_or_dir) {
+  const auto path = train::resolve_checkpoint_path(file_or_dir);
+  TORCH_CHECK(train::checkpoint_format_version(path) != 1, "checkpoint '", path,
+              "' is in format 1, a LibTorch archive: LibTorch's loader for those is safe for trusted files only, "
+              "so tinylm does not read them by default. If you trust this file, convert it once: tinylm upgrade ",
+              path, " --out NEW.ckpt");
+  return train::read_checkpoint(path);
+}
+
+}  // namespace tinylm::cli
