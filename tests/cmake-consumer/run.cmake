@@ -16,8 +16,9 @@ step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}
      "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}"
      "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-# The README's example, run from outside the source tree: it trains its own model on its
-# own task to the stated target, saves, reloads and evaluates.
+# The library example (main.cpp, which docs/library.md links), run from outside the source
+# tree: it trains its own model on its own task to the stated target, saves, reloads and
+# evaluates.
 execute_process(COMMAND "${WORK_DIR}/build/consumer" run WORKING_DIRECTORY "${WORK_DIR}"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")

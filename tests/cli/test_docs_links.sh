@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The documentation's links hold: in README.md and every docs/*.md, each relative Markdown
+# link ([text](path), ![alt](path), [ref]: path; with an optional #anchor) names a file or
+# directory that exists, relative to the Markdown file; an #anchor into a .md file (or a
+# bare #anchor into the same file) matches one of its headings, by GitHub's rule (lowercase,
+# spaces to '-', punctuation other than '-' and '_' dropped, -1, -2 ... for repeats).
+# Links in code (fenced blocks, `spans`) and absolute URLs are not checked. Also: README.md
+# is at most 250 lines, and docs/library.md links tests/cmake-consumer/main.cpp, the tested
+# library example.
+# Prints one "ok:" line per file and one "FAIL:" line per problem; exits 1 on any problem.
+# usage: test_docs_links.sh SOURCE_DIR
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 SOURCE_DIR" >&2; exit 2; }
+python=$(command -v python3 || true)
+[ -n "$python" ] || { echo "skipped: python3 is not installed"; exit 77; }
+exec "$python" - "$1" <<'PY'
+import os, re, sys, unicodedata, urllib.parse
+
+root = os.path.realpath(sys.argv[1])
+MAX_README_LINES = 250
+problems = 0
+
+def fail(msg):
+    global problems
+    problems += 1
+    print(f"FAIL: {msg}")
+
+def rel(path):
+    return os.path.relpath(path, root)
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+def prose_lines(text):
+    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+    fence = None
+    for number, line in enumerate(text.split("\n"), 1):
+        m = FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)[0] * len(m.group(1))
+            continue
+        if fence is not None:
+            if line.strip().startswith(fence):
+                fence = None
+            continue
+        # Blank `code spans` (any number of backticks, matched pairs) keeping the width.
+        yield number, re.sub(r"(`+)(.+?)\1", lambda s: " " * len(s.group(0)), line)
+
+def slug(heading):
+    text = heading.strip().rstrip("#").strip()
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)   # links and images: their text
+    text = re.sub(r"<[^>]+>", "", text)                       # inline HTML
+    text = text.replace("`", "").lower()
+    out = []
+    for ch in text:
+        if ch == " ":
+            out.append("-")
+        elif ch in "-_" or unicodedata.category(ch)[0] in "LNM":
+            out.append(ch)
+    return "".join(out)
+
+anchor_cache = {}
+
+def anchors(md_path):
+    if md_path not in anchor_cache:
+        seen, found = {}, set()
+        with open(md_path, encoding="utf-8") as f:
+            text = f.read()
+        fence = None
+        for line in text.split("\n"):
+            m = FENCE.match(line)
+            if fence is None and m:
+                fence = m.group(1)[0] * len(m.group(1))
+                continue
+            if fence is not None:
+                if line.strip().startswith(fence):
+                    fence = None
+                continue
+            h = re.match(r"^ {0,3}#{1,6}\s+(.*)$", line)
+            if not h:
+                continue
+            base = slug(h.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            found.add(base if n == 0 else f"{base}-{n}")
+        anchor_cache[md_path] = found
+    return anchor_cache[md_path]
+
+INLINE = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+def check_file(md):
+    """Checks one Markdown file; returns (links checked, resolved targets)."""
+    count, targets = 0, set()
+    with open(md, encoding="utf-8") as f:
+        text = f.read()
+    for number, line in prose_lines(text):
+        found = [m.group(1) for m in INLINE.finditer(line)]
+        m = REFERENCE.match(line)
+        if m:
+            found.append(m.group(1))
+        for target in found:
+            target = target.strip("<>")
+            if SCHEME.match(target) or target.startswith("//"):
+                continue  # an absolute URL: not checked here
+            count += 1
+            where = f"{rel(md)}:{number}: link '{target}'"
+            path_part, _, anchor = target.partition("#")
+            path_part = urllib.parse.unquote(path_part)
+            if path_part:
+                base = root if path_part.startswith("/") else os.path.dirname(md)
+                resolved = os.path.normpath(os.path.join(base, path_part.lstrip("/")))
+            else:
+                resolved = md  # a bare #anchor: this file
+            if not os.path.exists(resolved):
+                fail(f"{where}: {rel(resolved)} does not exist")
+                continue
+            targets.add(os.path.realpath(resolved))
+            if anchor and resolved.endswith(".md") and os.path.isfile(resolved):
+                anchor = urllib.parse.unquote(anchor)
+                if anchor not in anchors(resolved):
+                    fail(f"{where}: no heading in {rel(resolved)} has the anchor #{anchor}")
+    return count, targets
+
+readme = os.path.join(root, "README.md")
+docs = os.path.join(root, "docs")
+files = [readme]
+if os.path.isdir(docs):
+    files += sorted(os.path.join(docs, n) for n in os.listdir(docs) if n.endswith(".md"))
+for md in files:
+    if not os.path.isfile(md):
+        fail(f"{rel(md)} is missing")
+        continue
+    before = problems
+    count, targets = check_file(md)
+    notes = []
+    if md == readme:
+        with open(md, encoding="utf-8") as f:
+            lines = f.read().count("\n")
+        if lines > MAX_README_LINES:
+            fail(f"README.md has {lines} lines, more than {MAX_README_LINES}: move detail into docs/")
+        notes.append(f"{lines} lines")
+    if rel(md) == os.path.join("docs", "library.md"):
+        example = os.path.realpath(os.path.join(root, "tests", "cmake-consumer", "main.cpp"))
+        if example not in targets:
+            fail("docs/library.md does not link tests/cmake-consumer/main.cpp, the tested library example")
+        else:
+            notes.append("links tests/cmake-consumer/main.cpp")
+    if problems == before:
+        print(f"ok: {rel(md)}: {count} relative links hold" + "".join(f"; {n}" for n in notes))
+if not os.path.isdir(docs):
+    fail("docs/ is missing")
+sys.exit(1 if problems else 0)
+PY
