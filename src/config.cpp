@@ -2,9 +2,9 @@
 #include <tinylm/config.h>
 
 #include "internal/system.h"
+#include "internal/toml_text.h"
 
 #include <c10/util/Exception.h>
-#include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,9 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
 
 namespace tinylm {
 
@@ -171,109 +174,13 @@ std::string to_toml(const RunConfig& config) {
   return os.str();
 }
 
-namespace {
-
-/// The line of the first byte outside ASCII that stands outside a string or a comment
-/// (or right after a backslash in a string), or 0. toml++ 3.3 (Debian 12) reaches __builtin_unreachable() (undefined behaviour)
-/// when it tests such a character (U+00A1 to U+0499) for whitespace; TOML allows
-/// non-ASCII characters only in strings and comments anyway, so they are refused here,
-/// before toml++ sees the text (a recipe read from a checkpoint is untrusted input).
-int64_t non_ascii_outside_strings(const std::string& text) {
-  enum { normal, comment, basic, literal, multi_basic, multi_literal } state = normal;
-  int64_t line = 1;
-  char last = '\n';  // the last character outside strings, spaces aside
-  const std::string three_double(3, '"'), three_single(3, '\'');
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    auto starts = [&](const std::string& s) { return text.compare(i, s.size(), s) == 0; };
-    if (c == '\n') {
-      ++line;
-      if (state == comment || state == basic || state == literal) state = normal;
-      if (state == normal) last = '\n';
-      continue;
-    }
-    switch (state) {
-      case normal: {
-        if (static_cast<unsigned char>(c) >= 0x80) return line;
-        if (c == ' ' || c == '\t' || c == '\r') break;
-        // A string starts where TOML has a key or a value: at a line's start, after '=',
-        // '[', ',', '{' or '.'. Elsewhere (2"...) toml++ fails on it, and must not be
-        // handed what follows as if it were quoted.
-        const bool may_open = last != '\0' && std::strchr("\n=[,{.", last) != nullptr;
-        last = c;
-        if (c == '#') {
-          state = comment;
-        } else if (may_open && starts(three_double)) {
-          state = multi_basic;
-          i += 2;
-        } else if (may_open && starts(three_single)) {
-          state = multi_literal;
-          i += 2;
-        } else if (may_open && c == '"') {
-          state = basic;
-        } else if (may_open && c == '\'') {
-          state = literal;
-        }
-        break;
-      }
-      case comment:
-        break;
-      case basic:
-        if (c == '\\') {
-          // toml++ tests the character after a backslash for whitespace: never non-ASCII
-          // there (no escape starts with one).
-          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return line;
-          ++i;
-        } else if (c == '"') {
-          state = normal;
-        }
-        break;
-      case literal:
-        if (c == '\'') state = normal;
-        break;
-      case multi_basic:
-        if (c == '\\') {
-          // A line-ending backslash: toml++ tests everything up to the next character
-          // that is not whitespace, across lines.
-          size_t j = i + 1;
-          while (j < text.size() && std::strchr(" \t\r\n", text[j]) && text[j] != '\0') ++j;
-          if (j < text.size() && static_cast<unsigned char>(text[j]) >= 0x80) return line;
-          ++i;
-        } else if (starts(three_double)) {
-          state = normal;
-          i += 2;
-        }
-        break;
-      case multi_literal:
-        if (starts(three_single)) {
-          state = normal;
-          i += 2;
-        }
-        break;
-    }
-  }
-  return 0;
-}
-
-}  // namespace
-
 std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
                                     const std::string& origin, std::vector<std::string>* unknown) {
-  const int64_t stray = non_ascii_outside_strings(text);
-  TORCH_CHECK(stray == 0, origin, ":", stray, ": a character outside ASCII stands outside a string or a comment "
-              "(TOML keys are ASCII; put text in quotes)");
-  toml::table table;
-  try {
-    table = toml::parse(text, origin);
-  } catch (const toml::parse_error& e) {
-    TORCH_CHECK(false, origin, ":", e.source().begin.line, ": not valid TOML: ", e.description());
-  }
   std::vector<std::string> set;
-  for (const auto& item : table) {
-    const auto& node = item.second;  // not a structured binding: lambdas below capture it (C++17)
-    const std::string key(item.first.str());
-    TORCH_CHECK(!node.is_table() && !node.is_array_of_tables(), origin, ":",
-                node.source().begin.line, ": [", key,
+  for (const auto& entry : internal::parse_flat_toml(text, origin)) {
+    const std::string& key = entry.key;
+    const auto line = entry.line;
+    TORCH_CHECK(!entry.table, origin, ":", line, ": [", key,
                 "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");
     const ConfigField* field = find_config_field(key);
     if (!field && unknown) {
@@ -281,27 +188,28 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
       continue;
     }
     TORCH_CHECK(field, origin, ": unknown key '", internal::printable(key), "'", suggestion(key));
-    const auto line = node.source().begin.line;
+    const auto& value = entry.value;
     std::visit(
         [&](auto member) {
           auto& v = config.*member;
           using T = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<T, bool>) {
-            TORCH_CHECK(node.is_boolean(), origin, ":", line, ": '", key,
-                        "' must be true or false, got ", node.type());
-            v = *node.value<bool>();
+            TORCH_CHECK(std::holds_alternative<bool>(value), origin, ":", line, ": '", key,
+                        "' must be true or false, got ", entry.type);
+            v = std::get<bool>(value);
           } else if constexpr (std::is_same_v<T, int64_t>) {
-            TORCH_CHECK(node.is_integer(), origin, ":", line, ": '", key,
-                        "' must be an integer, got ", node.type());
-            v = *node.value<int64_t>();
+            TORCH_CHECK(std::holds_alternative<int64_t>(value), origin, ":", line, ": '", key,
+                        "' must be an integer, got ", entry.type);
+            v = std::get<int64_t>(value);
           } else if constexpr (std::is_same_v<T, double>) {
-            TORCH_CHECK(node.is_number(), origin, ":", line, ": '", key,
-                        "' must be a number, got ", node.type());
-            v = *node.value<double>();
+            TORCH_CHECK(std::holds_alternative<double>(value) || std::holds_alternative<int64_t>(value), origin,
+                        ":", line, ": '", key, "' must be a number, got ", entry.type);
+            v = std::holds_alternative<double>(value) ? std::get<double>(value)
+                                                      : static_cast<double>(std::get<int64_t>(value));
           } else {
-            TORCH_CHECK(node.is_string(), origin, ":", line, ": '", key,
-                        "' must be a string (in quotes), got ", node.type());
-            v = *node.value<std::string>();
+            TORCH_CHECK(std::holds_alternative<std::string>(value), origin, ":", line, ": '", key,
+                        "' must be a string (in quotes), got ", entry.type);
+            v = std::get<std::string>(value);
           }
         },
         field->member);

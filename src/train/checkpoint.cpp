@@ -1,11 +1,11 @@
 // Checkpoint files: header, payload, atomic writes and checked loads.
 #include <tinylm/log.h>
-#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/version.h>
 
 #include "internal/system.h"
+#include "train/legacy_recipe.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -466,7 +466,7 @@ Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options) 
   if (ck.format_version == 1) read_legacy_payload(ck, payload);
   else read_payload(ck, payload);
   if (ck.format_version < 3) {
-    ck.architecture = model_architecture(config_from_checkpoint(ck));
+    ck.architecture = internal::legacy_architecture(ck.recipe, path);
     migrate_parameter_names(ck);
   }
   check_weights_listed(ck);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include <array>
+#include <regex>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -270,6 +271,34 @@ std::string with_index(const std::string& good, const std::function<void(nlohman
 }
 
 }  // namespace
+
+TEST_CASE("a format-2 file's model is read from its recipe with the defaults of its time",
+          "[checkpoint][compat]") {
+  // Formats 1 and 2 stored only the run config; the core reads the model out of it by
+  // itself (src/train/legacy_recipe.cpp), not through today's RunConfig.
+  const auto dir = scratch("legacy_recipe");
+  const std::string good = read_file(std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/v2-transformer-adamw-step12.ckpt");
+  auto with_recipe = [&](const char* name, const std::function<std::string(const std::string&)>& edit) {
+    write_file(dir / name, with_index(good, [&](nlohmann::json& index) {
+                 auto& recipe = index["__metadata__"]["config"];
+                 recipe = edit(recipe.get<std::string>());
+               }));
+    return (dir / name).string();
+  };
+  const auto original = read_checkpoint(std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/v2-transformer-adamw-step12.ckpt");
+  // Keys that are not the model's, known today or not, change nothing.
+  const auto extra = read_checkpoint(with_recipe("extra.ckpt", [](const std::string& r) {
+    return r + "\nrotary-base = 500000\nretired-option = true\n";
+  }));
+  CHECK(extra.architecture.options == original.architecture.options);
+  // A model key of the wrong type: one line naming it.
+  const std::string path = with_recipe("typed.ckpt", [](const std::string& r) {
+    return std::regex_replace(r, std::regex("n-layers = [0-9]+"), "n-layers = \"two\"");
+  });
+  const std::string message = error_message([&] { read_checkpoint(path); });
+  CHECK_THAT(message, Catch::Contains("is damaged: its stored config's 'n-layers' is string where an integer belongs"));
+  CHECK(message.find('\n') == std::string::npos);
+}
 
 TEST_CASE("a damaged architecture or metadata is refused before any model is built",
           "[checkpoint][errors]") {
