@@ -96,7 +96,7 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   TORCH_CHECK(!c.bf16 || options.device().is_cuda(),
               "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
   // Before anything large is allocated: a run that cannot fit is refused here.
-  train::check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
+  check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
   std::shared_ptr<data::Task> task = make_task(c);
   TORCH_CHECK(task->vocab_size() == c.vocab_size, "task ", task->name(), " has vocab ",
               task->vocab_size(), " but vocab-size is ", c.vocab_size, ": set vocab-size = ",
@@ -139,7 +139,7 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   auto& cfg = run.config;
   if (!data_override.empty()) cfg.data = data_override;
   run.device = train::resolve_device(options.device);
-  train::check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
+  check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = nn::build_model(run.checkpoint.architecture);
   train::load_model_state(run.checkpoint, *run.model);
   run.model->to(run.device);

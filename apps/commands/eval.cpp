@@ -37,7 +37,7 @@ int run_eval(const EvalArgs& a) {
   auto run = open_for_inference(open_checkpoint(a.checkpoint), o);
   const auto& cfg = run.config;
   const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
-  train::check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
+  check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
   auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
   // Bits per byte of text: comparable across tokenizers (a byte model's is loss / ln 2).
   const double bytes_per_token = run.task->bytes_per_token(data::Split::validation);

@@ -7,6 +7,7 @@
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
+#include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
 #include <memory>
@@ -36,6 +37,18 @@ train::Trainer make_trainer(const RunConfig& config,
 /// know (an option renamed or removed since) are skipped with a warning; the result is
 /// validated.
 RunConfig config_from_checkpoint(const train::Checkpoint& checkpoint);
+
+/// The memory a run of `config` needs with micro-batches of `batch_size` rows (float32, a
+/// lower bound); `training` counts gradients, optimizer state and saved activations.
+/// `on_cuda`: weights and activations live on the GPU, so the host holds only the model
+/// while it is built and the data.
+train::MemoryEstimate estimate_memory(const RunConfig& config, int64_t batch_size, bool training,
+                                      bool on_cuda = false);
+
+/// Refuses a run whose estimate exceeds the memory available to this process, naming
+/// the setting that makes it so (the one whose default would shrink the estimate most),
+/// the estimate and what is available. Does nothing where available memory is unknown.
+void check_memory(const RunConfig& config, int64_t batch_size, bool training, bool on_cuda = false);
 
 /// A checkpoint made ready to evaluate or sample: the model it describes with its weights
 /// (eval mode, on `device`), the run config it was trained with, its tokenizer, and its

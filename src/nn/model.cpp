@@ -238,6 +238,11 @@ int64_t parameter_count(const ModelArchitecture& a) {
   return p.tiny ? exact_count(a, parameter_elements(*p.tiny)) : exact_count(a, parameter_elements(*p.transformer));
 }
 
+double parameter_elements(const ModelArchitecture& a) {
+  const auto p = parse_architecture(a, /*warn=*/false);
+  return p.tiny ? parameter_elements(*p.tiny) : parameter_elements(*p.transformer);
+}
+
 LanguageModel build_model(const ModelArchitecture& a) {
   const auto p = parse_architecture(a, /*warn=*/true);
   if (p.tiny) {

@@ -121,6 +121,10 @@ LanguageModel build_model(const ModelArchitecture& architecture);
 /// the weights it stores with it before any model is built.
 int64_t parameter_count(const ModelArchitecture& architecture);
 
+/// The same count in double, for sizes too large to exist (a memory estimate of a
+/// mistyped 1e12 must give a huge number, not an error).
+double parameter_elements(const ModelArchitecture& architecture);
+
 /// Checks ids for any language model: rank 2, int64, 1 <= T <= context, ids in [0, V).
 void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
                      int64_t context_length);

@@ -1,7 +1,6 @@
-// What a run will take from the machine, checked before anything large is allocated.
+// What a run will take from the machine: the parts of a memory estimate, and what the
+// process has (the estimate of a run config is in tinylm/run.h).
 #pragma once
-
-#include <tinylm/config.h>
 
 #include <cstdint>
 #include <string>
@@ -13,23 +12,12 @@ struct MemoryEstimate {
   double parameters = 0;        // trainable values
   double parameter_bytes = 0;   // weights, plus gradients and Adam's two moments in training
   double activation_bytes = 0;  // one micro-batch: what backward keeps, or inference's peak
-  double buffer_bytes = 0;      // fixed tables: causal masks, sinusoidal positions
+  double buffer_bytes = 0;      // masks and sinusoidal rows of the lengths run
   double data_bytes = 0;        // the text task's file, held in memory
   double total() const {
     return parameter_bytes + activation_bytes + buffer_bytes + data_bytes;
   }
 };
-
-/// The estimate for `config` with micro-batches of `batch_size` rows; `training` counts
-/// gradients, optimizer state and saved activations. `on_cuda`: weights and activations
-/// live on the GPU, so the host holds only the model while it is built and the data.
-MemoryEstimate estimate_memory(const RunConfig& config, int64_t batch_size, bool training,
-                               bool on_cuda = false);
-
-/// Refuses a run whose estimate exceeds the memory available to this process, naming
-/// the setting that makes it so (the one whose default would shrink the estimate most),
-/// the estimate and what is available. Does nothing where available memory is unknown.
-void check_memory(const RunConfig& config, int64_t batch_size, bool training, bool on_cuda = false);
 
 /// Memory this process can still take, in bytes (0 when unknown).
 uint64_t available_memory_bytes();

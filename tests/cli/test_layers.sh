@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Layers point down: the core library (nn, data, train, interop, generate, report,
+# threads, internal) never sees the run layer (tinylm/config.h, tinylm/run.h: RunConfig,
+# TOML settings, the flags' names) or the command line (CLI11), and the CMake target
+# `tinylm` compiles none of the run layer's sources (they are `tinylm_run`'s).
+# usage: test_layers.sh SOURCE_DIR
+set -uo pipefail
+src="$1"
+cd "$src" || exit 1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+core=$(ls src/nn/*.cpp src/nn/*.h src/nn/cpu/*.cpp src/nn/cpu/*.h src/data/*.cpp src/data/sentencepiece/*.cpp \
+          src/data/sentencepiece/*.h src/train/*.cpp src/train/*.h src/interop/*.cpp src/interop/*.h \
+          src/internal/*.cpp src/internal/*.h src/generate.cpp src/report.cpp src/threads.cpp src/interop.cpp \
+          include/tinylm/nn/*.h include/tinylm/data/*.h include/tinylm/train/*.h include/tinylm/generate.h \
+          include/tinylm/interop.h include/tinylm/report.h include/tinylm/threads.h include/tinylm/log.h \
+          include/tinylm/version.h 2>/dev/null)
+n=0
+for f in $core; do
+  n=$((n + 1))
+  if grep -nE '#include *[<"](tinylm/(config|run|tinylm)\.h|CLI/)' "$f"; then
+    fail "$f (core) includes the run layer or the command line (above)"
+  fi
+  if grep -nw 'RunConfig' "$f"; then
+    fail "$f (core) names RunConfig (above)"
+  fi
+done
+[ "$n" -gt 40 ] || fail "only $n core files found: the list of core directories is out of date"
+# The sources of add_library(tinylm ...): up to its closing parenthesis.
+sources=$(awk '/^add_library\(tinylm$/ { inside = 1; next } inside && /^\)/ { exit } inside' CMakeLists.txt)
+[ -n "$sources" ] || fail "CMakeLists.txt: no add_library(tinylm ...) source list found"
+for s in src/config.cpp src/run.cpp src/run_memory.cpp; do
+  grep -qx " *$s" <<< "$sources" && fail "the core target tinylm compiles $s (the run layer's)"
+done
+if [ "$failures" -eq 0 ]; then
+  echo "ok: $n core files include neither tinylm/config.h, tinylm/run.h, tinylm/tinylm.h nor CLI11, and name no RunConfig; the tinylm target compiles no run-layer source"
+fi
+exit $((failures > 0))
