@@ -1,4 +1,5 @@
 // nanoGPT checkpoints from tinylm ones, through LibTorch's pickle (torch.load reads it).
+#include <tinylm/error.h>
 #include <tinylm/interop.h>
 
 #include <tinylm/nn/model.h>
@@ -241,7 +242,7 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   };
   int64_t H = n_heads;
   if (H == 0) {
-    TORCH_CHECK(arg("n_head"), where, " does not say its number of heads (a bare state dict, "
+    TINYLM_CHECK(arg("n_head"), ErrorKind::heads_unknown, where, " does not say its number of heads (a bare state dict, "
                 "or no model_args): give the number of heads");
     H = *arg("n_head");
   }

@@ -3,6 +3,7 @@
 
 #include <tinylm/config.h>
 #include <tinylm/data/tokenizer.h>
+#include <tinylm/error.h>
 #include <tinylm/interop.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
@@ -31,9 +32,8 @@ int run_import(const ImportArgs& a) {
   interop::NanoGPTImport imported;
   try {
     imported = interop::import_nanogpt(a.file, a.n_heads);
-  } catch (const c10::Error& e) {
-    const std::string why = e.what_without_backtrace();
-    TORCH_CHECK(why.find("give the number of heads") == std::string::npos, why, " (--n-heads N)");
+  } catch (const Error& e) {
+    TORCH_CHECK(e.kind() != ErrorKind::heads_unknown, e.what_without_backtrace(), " (--n-heads N)");
     throw;
   }
   const auto* model = dynamic_cast<const nn::TransformerLMImpl*>(imported.model.get());

@@ -4,6 +4,7 @@
 #include "../spawn.h"
 
 #include <tinylm/config.h>
+#include <tinylm/error.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/report.h>
@@ -138,9 +139,8 @@ std::shared_ptr<train::RunDirectory> claim_out_dir(const TrainArgs& args, const 
   }
   try {
     return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::fresh);
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    if (what.find("already holds a run") == std::string::npos) throw;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::run_directory_taken) throw;
     TORCH_CHECK(false, "--out-dir ", cfg.out_dir, " already holds a run: continue it with --resume ",
                 cfg.out_dir, ", choose another --out-dir, or pass --overwrite to replace it");
   }

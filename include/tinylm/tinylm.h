@@ -6,6 +6,7 @@
 #include <tinylm/data/tasks.h>
 #include <tinylm/data/token_file.h>
 #include <tinylm/data/tokenizer.h>
+#include <tinylm/error.h>
 #include <tinylm/generate.h>
 #include <tinylm/interop.h>
 #include <tinylm/nn/attention.h>

@@ -1,4 +1,5 @@
 // Run directories: create, lock, check, and clear a killed run's partial files.
+#include <tinylm/error.h>
 #include <tinylm/log.h>
 #include <tinylm/train/run_directory.h>
 
@@ -85,7 +86,7 @@ void take_lock(int fd, const std::string& shown) {
 }
 
 void check_fresh(const std::vector<std::string>& files, const std::string& shown) {
-  TORCH_CHECK(files.empty(), "out-dir '", shown, "' already holds a run (", describe(files),
+  TINYLM_CHECK(files.empty(), ErrorKind::run_directory_taken, "out-dir '", shown, "' already holds a run (", describe(files),
               "): resume it, choose another out-dir, or allow overwriting it");
 }
 

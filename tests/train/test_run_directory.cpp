@@ -1,6 +1,7 @@
 // src/train/run_directory.cpp: one run per directory, and nothing in it lost.
 #include "../test_util.h"
 
+#include <tinylm/error.h>
 #include <tinylm/run.h>
 #include <tinylm/train/run_directory.h>
 #include <tinylm/train/trainer.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 
 using namespace tinylm;
@@ -54,6 +56,23 @@ TEST_CASE("a run directory holding another run is refused and left byte-identica
   CHECK_THAT(error_message([&] { RunDirectory(dir.string(), RunDirMode::fresh); }),
              Catch::Contains("already holds a run"));
   CHECK(run_dir_snapshot(dir) == before);
+  // A program tells this refusal from others by its kind, not its text.
+  std::optional<tinylm::ErrorKind> kind;
+  try {
+    RunDirectory(dir.string(), RunDirMode::fresh);
+  } catch (const tinylm::Error& e) {
+    kind = e.kind();
+  }
+  CHECK(kind == tinylm::ErrorKind::run_directory_taken);
+  // Another refusal of the same constructor is not of that kind.
+  std::ofstream(dir / "not-a-dir");
+  try {
+    RunDirectory((dir / "not-a-dir").string(), RunDirMode::fresh);
+    FAIL("a file given as out-dir was accepted");
+  } catch (const tinylm::Error& e) {
+    FAIL("a file given as out-dir was reported as an error of a kind: " << e.what_without_backtrace());
+  } catch (const c10::Error&) {
+  }
 }
 
 TEST_CASE("a second claim on a run directory fails at once, naming the holder's pid",
