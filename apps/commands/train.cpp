@@ -1,5 +1,6 @@
 // tinylm train: a run from flags, a TOML config or a checkpoint to resume; with --nproc N,
 // N data-parallel workers of one job on this host.
+// Over 400 lines on purpose: the train command and its --nproc supervisor.
 #include "../command.h"
 #include "../spawn.h"
 

@@ -1,4 +1,6 @@
 // A checked reader for torch.save files: see torch_file.h.
+// Over 400 lines on purpose: a zip reader and a pickle machine for one untrusted format,
+// checked together.
 #include "interop/torch_file.h"
 
 #include "internal/system.h"

@@ -1,5 +1,7 @@
 // TinyAttentionLM (the reference) and TransformerLM (the block stack).
 // B = batch, T = sequence length, D = d_model, V = vocab size, L = layers
+// Over 400 lines on purpose: both model kinds with their architecture parser and
+// parameter count, which must agree with what the modules register.
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
 

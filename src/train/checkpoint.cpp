@@ -1,7 +1,10 @@
 // Checkpoint files: header, payload, atomic writes and checked loads.
+// Over 400 lines on purpose: the writer and the readers of one file format change
+// together, with every check an untrusted file needs.
 #include <tinylm/log.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
+#include <tinylm/train/run_directory.h>
 #include <tinylm/version.h>
 
 #include "internal/system.h"
@@ -525,17 +528,10 @@ void load_optimizer_state(const Checkpoint& ck, Optimizer& optimizer) {
 std::string resolve_checkpoint_path(const std::string& file_or_dir) {
   std::error_code ec;
   if (!fs::is_directory(file_or_dir, ec)) return file_or_dir;
-  std::string newest;
-  for (const auto& entry : fs::directory_iterator(file_or_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && entry.path().extension() == ".ckpt" &&
-        (newest.empty() || name > fs::path(newest).filename().string())) {
-      newest = entry.path().string();
-    }
-  }
-  TORCH_CHECK(!newest.empty(), "run directory '", file_or_dir,
+  const auto steps = RunDirectory::step_checkpoints(file_or_dir);  // oldest first
+  TORCH_CHECK(!steps.empty(), "run directory '", file_or_dir,
               "' holds no step-*.ckpt checkpoint");
-  return newest;
+  return steps.back();
 }
 
 }  // namespace tinylm::train

@@ -1,6 +1,8 @@
 // Data-parallel process groups on c10d: TCPStore rendezvous + ProcessGroupGloo, or
 // ProcessGroupNCCL where tinylm was built against a LibTorch with CUDA and NCCL
 // (TINYLM_HAVE_NCCL, set by CMake).
+// Over 400 lines on purpose: the process group's store, heartbeat, agreement and
+// collectives share one Impl.
 #include <tinylm/train/distributed.h>
 
 #include "internal/system.h"

@@ -39,6 +39,9 @@ std::string describe(const std::vector<std::string>& files) {
     if (RunDirectory::step_of_checkpoint_name(f) >= 0) steps.push_back(f);
     else parts.push_back(f);
   }
+  std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) {
+    return RunDirectory::step_of_checkpoint_name(a) < RunDirectory::step_of_checkpoint_name(b);
+  });
   if (!steps.empty())
     parts.push_back(std::to_string(steps.size()) + " step checkpoint(s), newest " + steps.back());
   std::string out;
@@ -47,6 +50,25 @@ std::string describe(const std::vector<std::string>& files) {
 }
 
 }  // namespace
+
+std::string RunDirectory::step_checkpoint_name(int64_t step) {
+  std::string digits = std::to_string(step);
+  if (digits.size() < 8) digits.insert(0, 8 - digits.size(), '0');
+  return "step-" + digits + ".ckpt";
+}
+
+std::vector<std::string> RunDirectory::step_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_checkpoint_name(e.path().filename().string());
+    if (step >= 0) found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& f : found) paths.push_back(std::move(f.second));
+  return paths;
+}
 
 int64_t RunDirectory::step_of_checkpoint_name(const std::string& name) {
   if (name.size() < 11 || name.rfind("step-", 0) != 0 || name.substr(name.size() - 5) != ".ckpt")

@@ -1,5 +1,7 @@
-// Trainer, evaluation, and the model/device factory.
+// Trainer, evaluation, and the device factory.
 // B = batch, T = sequence length, V = vocab size
+// Over 400 lines on purpose: the Trainer is one class; its loop, checkpoints, resume and
+// data-parallel checks share its private state.
 #include <tinylm/log.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
@@ -10,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 #include <ATen/CPUGeneratorImpl.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
@@ -18,26 +19,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 
 namespace fs = std::filesystem;
-
-namespace tinylm {
-
-std::shared_ptr<spdlog::logger> logger() {
-  if (auto existing = spdlog::get("tinylm")) return existing;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto existing = spdlog::get("tinylm")) return existing;
-  auto made = std::make_shared<spdlog::logger>(
-      "tinylm", std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  spdlog::register_logger(made);
-  return made;
-}
-
-std::string printable(std::string_view text) { return internal::printable(text); }
-
-}  // namespace tinylm
 
 namespace tinylm::train {
 
@@ -377,7 +360,7 @@ void Trainer::save(const std::string& path) {
 }
 
 std::string Trainer::checkpoint_path(int64_t step) const {
-  return (fs::path(options_.out_dir()) / fmt::format("step-{:08d}.ckpt", step)).string();
+  return (fs::path(options_.out_dir()) / RunDirectory::step_checkpoint_name(step)).string();
 }
 
 void Trainer::write_step_checkpoint(FitResult& result) {
@@ -387,12 +370,7 @@ void Trainer::write_step_checkpoint(FitResult& result) {
   result.last_checkpoint = path;
   if (!writes_files()) return;
   save_checkpoint(path, *model_, optimizer_.get(), state_, options_.recipe(), task_->tokenizer().get());
-  std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(options_.out_dir())) {
-    const auto name = e.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && e.path().extension() == ".ckpt") steps.push_back(e.path());
-  }
-  std::sort(steps.begin(), steps.end());
+  const auto steps = RunDirectory::step_checkpoints(options_.out_dir());  // oldest first
   for (size_t i = 0; i + options_.keep_last() < steps.size(); ++i) fs::remove(steps[i]);
 }
 

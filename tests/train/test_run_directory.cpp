@@ -3,6 +3,7 @@
 
 #include <tinylm/error.h>
 #include <tinylm/run.h>
+#include <tinylm/train/checkpoint.h>
 #include <tinylm/train/run_directory.h>
 #include <tinylm/train/trainer.h>
 
@@ -128,4 +129,23 @@ TEST_CASE("out-dirs that cannot be used are refused before anything is written",
              Catch::Contains("cannot create out-dir"));
   CHECK_THAT(error_message([&] { RunDirectory((dir / std::string(300, 'x')).string(), RunDirMode::fresh); }),
              Catch::Contains("File name too long"));
+}
+
+TEST_CASE("step checkpoints have one naming rule, and the newest is the highest step", "[run]") {
+  CHECK(RunDirectory::step_checkpoint_name(360) == "step-00000360.ckpt");
+  CHECK(RunDirectory::step_checkpoint_name(123456789) == "step-123456789.ckpt");
+  for (int64_t step : {int64_t{0}, int64_t{7}, int64_t{360}, int64_t{99999999}, int64_t{100000000}, int64_t{123456789012}})
+    CHECK(RunDirectory::step_of_checkpoint_name(RunDirectory::step_checkpoint_name(step)) == step);
+  CHECK(RunDirectory::step_of_checkpoint_name("step-12x.ckpt") == -1);
+  CHECK(RunDirectory::step_of_checkpoint_name("best.ckpt") == -1);
+  // Past 10^8 steps the names grow a digit: ordered by step, not by text.
+  const auto dir = run_dir_scratch("naming");
+  for (int64_t step : {int64_t{99999999}, int64_t{100000000}, int64_t{5}})
+    std::ofstream(dir / RunDirectory::step_checkpoint_name(step)) << "x";
+  std::ofstream(dir / "step-notes.ckpt") << "x";  // not a step checkpoint
+  const auto steps = RunDirectory::step_checkpoints(dir.string());
+  REQUIRE(steps.size() == 3);
+  CHECK(std::filesystem::path(steps.front()).filename() == "step-00000005.ckpt");
+  CHECK(std::filesystem::path(steps.back()).filename() == "step-100000000.ckpt");
+  CHECK(std::filesystem::path(resolve_checkpoint_path(dir.string())).filename() == "step-100000000.ckpt");
 }

@@ -33,8 +33,14 @@ class RunDirectory {
   /// empty when there are none or `dir` does not exist).
   static std::vector<std::string> run_files(const std::string& dir);
 
+  /// The one naming rule of step checkpoints: "step-NNNNNNNN.ckpt" (at least 8 digits).
+  static std::string step_checkpoint_name(int64_t step);
+
   /// The step a "step-NNNNNNNN.ckpt" name stands for, or -1.
   static int64_t step_of_checkpoint_name(const std::string& file_name);
+
+  /// The step checkpoints in `dir` (paths), by step, oldest first.
+  static std::vector<std::string> step_checkpoints(const std::string& dir);
 
  private:
   std::string path_;
