@@ -165,7 +165,7 @@ void bench_p1(bool quick) {
 }
 
 /// P1 with the fused path under each matrix-product backend and each instruction set of
-/// tinylm's loops (the settings of tinylm/nn/cpu_kernels.h), rounds alternating.
+/// tinylm's loops (the model's KernelPolicy, the loops' CpuIsa), rounds alternating.
 void bench_p1_kernels(bool quick) {
   struct Setting {
     std::string name;
@@ -182,13 +182,14 @@ void bench_p1_kernels(bool quick) {
   RunConfig c = p1_config();
   for (int round = 0; round < rounds; ++round) {
     for (const auto& z : settings) {
-      nn::set_gemm_backend(z.gemm);
       nn::set_cpu_isa(z.isa);
       train::Trainer t = make_trainer(c);
+      nn::KernelPolicy policy;
+      policy.gemm = z.gemm;  // the model's products through this backend
+      t.model()->set_kernel_policy(policy);
       seconds[z.name].push_back(time_per_call([&] { t.train_step(); }, quick ? 2 : 30, quick ? 2 : 5, quick ? 5 : 100).median);
     }
   }
-  nn::set_gemm_backend(nn::GemmBackend::automatic);
   nn::set_cpu_isa(nn::CpuIsa::automatic);
   for (auto& [name, v] : seconds) {
     std::sort(v.begin(), v.end());
@@ -304,7 +305,7 @@ void bench_gemm(bool quick) {
     }
     Json config = {{"product", p.name}, {"M", p.M}, {"N", p.Nc}, {"K", p.K},
                    {"trans_a", p.ta}, {"trans_b", p.tb}, {"rounds", rounds},
-                   {"automatic", nn::to_string(nn::gemm_backend_for(p.M, p.Nc, p.K))}};
+                   {"automatic", nn::to_string(nn::KernelPolicy{}.gemm_backend(p.M, p.Nc, p.K))}};
     for (auto& [name, v] : us) {
       std::sort(v.begin(), v.end());
       Json cfg = config;

@@ -133,16 +133,10 @@ inline std::vector<nn::GemmBackend> runnable_backends() {
   return v;
 }
 
-/// Sets the loops' instruction set and the product backend; back to automatic on exit.
+/// Sets the loops' instruction set; back to automatic on exit.
 struct KernelGuard {
-  explicit KernelGuard(nn::CpuIsa isa, nn::GemmBackend backend = nn::GemmBackend::automatic) {
-    nn::set_cpu_isa(isa);
-    nn::set_gemm_backend(backend);
-  }
-  ~KernelGuard() {
-    nn::set_cpu_isa(nn::CpuIsa::automatic);
-    nn::set_gemm_backend(nn::GemmBackend::automatic);
-  }
+  explicit KernelGuard(nn::CpuIsa isa) { nn::set_cpu_isa(isa); }
+  ~KernelGuard() { nn::set_cpu_isa(nn::CpuIsa::automatic); }
   KernelGuard(const KernelGuard&) = delete;
   KernelGuard& operator=(const KernelGuard&) = delete;
 };

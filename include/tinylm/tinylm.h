@@ -13,6 +13,7 @@
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/embedding.h>
+#include <tinylm/nn/kernel_policy.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/report.h>

@@ -39,11 +39,6 @@ constexpr bool kHaveSdpa = true;
 constexpr bool kHaveSdpa = false;
 #endif
 
-/// On the CPU (LibTorch 2.6, tinylm bench's attention case, fwd + bwd, 1 thread): SDPA
-/// beat tinylm's fused kernel 1.2x at T 64 and T 128 and lost 1.8x at T 12, and beat the
-/// step-by-step path at every size. So from this length on SDPA is the CPU's choice too;
-/// below it the fused kernel is, and SDPA where the fused kernel does not apply.
-constexpr int64_t kSdpaCpuMinSeqLen = 64;
 
 }  // namespace
 
@@ -138,20 +133,28 @@ AttentionKernel attention_kernel_from_string(const std::string& name) {
 
 AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, bool return_weights,
                                                        bool has_padding_mask) const {
+  AttentionCall call;
+  call.cuda = x.is_cuda();
+  call.fused_supported = fused_attention_supported(x);  // x: the dtype and device of qkv
+  call.seq_len = x.dim() >= 2 ? x.size(1) : 0;
+  call.padding_mask = has_padding_mask;
+  call.dropout = is_training() && options.attn_dropout() > 0;
+  call.return_weights = return_weights;
+  call.grad_enabled = torch::GradMode::is_enabled();
+  return options.policy().attention_kernel(options.kernel(), call);
+}
+
+AttentionKernel KernelPolicy::attention_kernel(AttentionKernel requested, const AttentionCall& c) const {
   // The fused kernel's weights carry no gradient: when weights are asked for with
   // autograd on, a loss may use them, so it does not apply.
-  const bool dropout_active = is_training() && options.attn_dropout() > 0;
-  const bool weights_need_grad = return_weights && torch::GradMode::is_enabled();
-  const bool fused_applies = !has_padding_mask && !dropout_active && !weights_need_grad &&
-                             fused_attention_supported(x);  // x: the dtype and device of qkv
-  const bool sdpa_applies = kHaveSdpa && !has_padding_mask && !return_weights;
-  const int64_t T = x.dim() >= 2 ? x.size(1) : 0;
-  switch (options.kernel()) {
+  const bool fused_applies = c.fused_supported && !c.padding_mask && !c.dropout && !(c.return_weights && c.grad_enabled);
+  const bool sdpa_applies = kHaveSdpa && !c.padding_mask && !c.return_weights;
+  switch (requested) {
     case AttentionKernel::plain: break;
     case AttentionKernel::fused: if (fused_applies) return AttentionKernel::fused; break;
     case AttentionKernel::sdpa: if (sdpa_applies) return AttentionKernel::sdpa; break;
     case AttentionKernel::automatic:
-      if (sdpa_applies && (x.is_cuda() || T >= kSdpaCpuMinSeqLen)) return AttentionKernel::sdpa;
+      if (sdpa_applies && (c.cuda || c.seq_len >= sdpa_cpu_min_seq_len)) return AttentionKernel::sdpa;
       if (fused_applies) return AttentionKernel::fused;
       if (sdpa_applies) return AttentionKernel::sdpa;
       break;
@@ -177,8 +180,8 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   const AttentionKernel kernel = kernel_for(x, return_weights, padding_mask.defined());
   if (kernel == AttentionKernel::fused) {
     torch::Tensor weights;
-    auto context = fused_self_attention(qkv_all, H, options.causal(),
-                                        return_weights ? &weights : nullptr);  // (B, T, D)
+    auto context = fused_self_attention(qkv_all, H, options.causal(), return_weights ? &weights : nullptr,
+                                        options.policy());  // (B, T, D)
     auto out = torch::dropout(out_proj(context), options.out_dropout(), is_training());
     return {out, weights};
   }

@@ -22,10 +22,6 @@
 
 namespace tinylm::nn::kernels {
 
-// Sequences at least this long use BLAS batched matmuls for the two T x T products;
-// shorter ones are faster as plain loops (no copies, no per-call BLAS overhead).
-constexpr int64_t kBlasMinSeqLen = 32;
-
 /// In place over rows of s (BH, T, T): p = softmax(scale * s) with keys j > i masked.
 inline void masked_softmax_rows(float* s, int64_t rows_total, int64_t T, float scale, bool causal) {
   const auto& k = cpu::table();

@@ -64,7 +64,8 @@ void TransformerBlockImpl::reset() {
                       .out_dropout(options.residual_dropout())
                       .causal(options.causal())
                       .bias(options.bias())
-                      .kernel(options.attention_kernel())));
+                      .kernel(options.attention_kernel())
+                      .policy(options.kernel_policy())));
   ln2 = register_module("ln2", torch::nn::LayerNorm(
                                    torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)

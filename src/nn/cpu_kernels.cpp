@@ -2,6 +2,7 @@
 // set of tinylm's loops (src/nn/cpu/kernels.inc). Everything that picks a kernel by
 // shape or by CPU is in this file.
 #include <tinylm/nn/cpu_kernels.h>
+#include <tinylm/nn/kernel_policy.h>
 
 #include "nn/cpu/kernels.h"
 #include "tinylm_kernels_config.h"
@@ -25,7 +26,6 @@ namespace tinylm::nn {
 
 namespace {
 
-std::atomic<GemmBackend> g_backend{GemmBackend::automatic};
 std::atomic<int> g_isa{-1};  // -1: not chosen yet; else a CpuIsa
 
 // ---- BLAS ------------------------------------------------------------------------------
@@ -143,15 +143,6 @@ bool cpu_isa_available(CpuIsa isa) {
   return isa != CpuIsa::avx2 || (cpu::avx2_table() != nullptr && cpu::cpu_has_avx2());
 }
 
-void set_gemm_backend(GemmBackend backend) {
-  TORCH_CHECK(gemm_backend_available(backend), "the ", to_string(backend),
-              " matrix-product backend is not available here (tinylm was built without libxsmm, "
-              "or it cannot generate code on this CPU): use automatic");
-  g_backend = backend;
-}
-
-GemmBackend gemm_backend() { return g_backend; }
-
 void set_cpu_isa(CpuIsa isa) {
   TORCH_CHECK(cpu_isa_available(isa), "the ", to_string(isa), " kernels cannot run here (",
               cpu::avx2_table() ? "this CPU lacks AVX2 or FMA" : "not built for this target",
@@ -169,13 +160,9 @@ CpuIsa cpu_isa() {
   return static_cast<CpuIsa>(isa);
 }
 
-GemmBackend gemm_backend_for(int64_t M, int64_t N, int64_t K) {
-  const GemmBackend setting = g_backend;
-  if (setting != GemmBackend::automatic) return setting;
-  // Small products are all call overhead in BLAS (15-30 us for 192x32 by 32x96, where
-  // libxsmm's JIT kernel takes ~5 us here: `tinylm bench --cases gemm`); large ones want
-  // BLAS's cache blocking and threads.
-  if (2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > kSmallGemmFlops)
+GemmBackend KernelPolicy::gemm_backend(int64_t M, int64_t N, int64_t K) const {
+  if (gemm != GemmBackend::automatic) return gemm;
+  if (2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops)
     return GemmBackend::blas;
   if (libxsmm_works()) return GemmBackend::libxsmm;
   return cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas;
@@ -194,7 +181,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
     return;
   }
   if (backend == GemmBackend::automatic) {
-    backend = gemm_backend_for(M, N, K);
+    backend = KernelPolicy{}.gemm_backend(M, N, K);
   } else {
     TORCH_CHECK(gemm_backend_available(backend), "gemm: the ", to_string(backend),
                 " backend is not available here");
@@ -231,9 +218,8 @@ std::string cpu_kernels_description() {
 #else
   s += cpu_isa() == CpuIsa::avx2 ? "hand kernel (tinylm built without libxsmm)" : "BLAS";
 #endif
-  s += " up to " + std::to_string(static_cast<int64_t>(kSmallGemmFlops / 1e6)) + " MFLOP, ";
+  s += " up to " + std::to_string(static_cast<int64_t>(KernelPolicy{}.small_gemm_flops / 1e6)) + " MFLOP, ";
   s += loaded_sgemm() ? "BLAS sgemm above" : "LibTorch's matmul above (no sgemm_ symbol visible)";
-  if (g_backend != GemmBackend::automatic) s += std::string(" [set to ") + to_string(g_backend) + "]";
   s += std::string("; loops: ") + to_string(cpu_isa());
   return s;
 }

@@ -29,11 +29,11 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& qkv_in, int64_t n_heads,
-                                                bool causal) {
+                                                bool causal, int64_t blas_from) {
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
     torch::Tensor out, p;
-    if (s.T >= kBlasMinSeqLen) {
+    if (s.T >= blas_from) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);              // (BH, T, Dh)
       auto scores = torch::bmm(q, k.transpose(1, 2));                     // (BH, T, T)
       masked_softmax_rows(scores.data_ptr<float>(), s.B * s.H * s.T, s.T, s.scale, s.causal);
@@ -50,6 +50,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     ctx->save_for_backward({qkv, p});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
+    ctx->saved_data["blas_from"] = blas_from;
     ctx->mark_non_differentiable({p});
     // The weights output has no gradient: do not let autograd build a zero (B, H, T, T)
     // tensor for it on every backward pass.
@@ -64,7 +65,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     const auto& p = saved[1];
     const Dims s = dims_of(qkv, ctx->saved_data["n_heads"].toInt(), ctx->saved_data["causal"].toBool());
     auto dout = grads[0].defined() ? grads[0].contiguous() : torch::zeros({s.B, s.T, s.D}, qkv.options());
-    if (s.T >= kBlasMinSeqLen) {
+    if (s.T >= ctx->saved_data["blas_from"].toInt()) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);                          // (BH, T, Dh)
       auto pm = p.view({s.B * s.H, s.T, s.T});                                       // (BH, T, T)
       auto dO = dout.view({s.B, s.T, s.H, s.Dh}).permute({0, 2, 1, 3}).reshape({s.B * s.H, s.T, s.Dh});
@@ -76,12 +77,12 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                       .view({3, s.B, s.H, s.T, s.Dh})
                       .permute({1, 3, 0, 2, 4})                                      // (B, T, 3, H, Dh)
                       .reshape({s.B, s.T, 3 * s.D});
-      return {dqkv, torch::Tensor(), torch::Tensor()};
+      return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     auto dqkv = torch::empty_like(qkv);  // (B, T, 3D), every element written
     backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
                     dqkv.data_ptr<float>());
-    return {dqkv, torch::Tensor(), torch::Tensor()};
+    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -93,11 +94,11 @@ bool fused_attention_supported(const torch::Tensor& qkv) {
 }
 
 torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
-                                   torch::Tensor* weights) {
+                                   torch::Tensor* weights, const KernelPolicy& policy) {
   TORCH_CHECK(fused_attention_supported(qkv),
               "fused_self_attention: needs a float32 CPU tensor (B, T, 3D), got ",
               qkv.scalar_type(), " on ", qkv.device(), " with shape ", qkv.sizes());
-  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal);
+  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal, policy.attention_blas_min_seq_len);
   if (weights) *weights = outputs[1];
   return outputs[0];
 }

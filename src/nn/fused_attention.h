@@ -3,6 +3,8 @@
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H
 #pragma once
 
+#include <tinylm/nn/kernel_policy.h>
+
 #include <torch/types.h>
 
 #include <cstdint>
@@ -15,8 +17,9 @@ namespace tinylm::nn {
 /// weights (B, H, T, T) to *weights when given. Equal to split -> q kᵀ / sqrt(Dh) ->
 /// (causal mask) -> softmax -> · v -> merge, without the reshapes and with fewer,
 /// larger operations; the backward pass is computed directly from the saved weights.
+/// The T x T products go through BLAS from policy.attention_blas_min_seq_len.
 torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
-                                   torch::Tensor* weights = nullptr);
+                                   torch::Tensor* weights = nullptr, const KernelPolicy& policy = {});
 
 /// Whether fused_self_attention can take this input (CPU, float32, rank 3).
 bool fused_attention_supported(const torch::Tensor& qkv);

@@ -20,6 +20,7 @@
 #include "nn/fused_tiny_lm.h"
 
 #include <tinylm/nn/cpu_kernels.h>
+#include <tinylm/nn/kernel_policy.h>
 
 #include "attention_kernels.h"
 
@@ -65,6 +66,13 @@ void column_sums(const float* rows, int64_t N, int64_t n, float* out) {
 
 const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
+/// C = op(A) op(B) (or +=), by the backend the model's policy picks for the shape.
+void product(const KernelPolicy& policy, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+             bool accumulate = false) {
+  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy.gemm_backend(M, N, K));
+}
+
 class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& ids_in,
@@ -72,7 +80,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
                                const torch::Tensor& pe_in, const torch::Tensor& Wqkv_in,
                                const torch::Tensor& bqkv, const torch::Tensor& Wo_in,
                                const torch::Tensor& bo, const torch::Tensor& Wh_in,
-                               const torch::Tensor& bh, int64_t n_heads) {
+                               const torch::Tensor& bh, int64_t n_heads, const KernelPolicy& policy) {
     auto ids = ids_in.contiguous(), targets = targets_in.contiguous();
     auto E = E_in.contiguous(), pe = pe_in.contiguous();
     auto Wqkv = Wqkv_in.contiguous(), Wo = Wo_in.contiguous(), Wh = Wh_in.contiguous();
@@ -111,13 +119,13 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
       }
     }
     fill_rows(qkv, floats(bqkv), N, 3 * D);
-    gemm(false, true, N, 3 * D, D, x, D, floats(Wqkv), D, qkv, 3 * D, /*accumulate=*/true);
+    product(policy, false, true, N, 3 * D, D, x, D, floats(Wqkv), D, qkv, 3 * D, /*accumulate=*/true);
     const kernels::Dims s = kernels::make_dims(B, T, D, n_heads, /*causal=*/true);
     kernels::forward_kernel(s, qkv, c, P);
     fill_rows(o, floats(bo), N, D);
-    gemm(false, true, N, D, D, c, D, floats(Wo), D, o, D, true);
+    product(policy, false, true, N, D, D, c, D, floats(Wo), D, o, D, true);
     fill_rows(z, floats(bh), N, V);
-    gemm(false, true, N, V, D, o, D, floats(Wh), D, z, V, true);
+    product(policy, false, true, N, V, D, o, D, floats(Wh), D, z, V, true);
 
     // Softmax cross-entropy over the counted rows; z becomes dz = (softmax - onehot) / count
     // (0 on ignored rows). No counted row: the loss is NaN, as cross_entropy gives.
@@ -126,6 +134,8 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     ctx->save_for_backward({ids, ws, Wqkv, Wo, Wh});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["emb_rows"] = rows;
+    ctx->saved_data["gemm"] = static_cast<int64_t>(policy.gemm);
+    ctx->saved_data["small_gemm_flops"] = policy.small_gemm_flops;
     return {torch::full({}, loss / static_cast<double>(count), E.options())};
   }
 
@@ -134,6 +144,9 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     const auto &ids = saved[0], &ws = saved[1], &Wqkv = saved[2], &Wo = saved[3], &Wh = saved[4];
     const int64_t B = ids.size(0), T = ids.size(1), D = Wo.size(0), V = Wh.size(0);
     const int64_t H = ctx->saved_data["n_heads"].toInt();
+    KernelPolicy policy;
+    policy.gemm = static_cast<GemmBackend>(ctx->saved_data["gemm"].toInt());
+    policy.small_gemm_flops = ctx->saved_data["small_gemm_flops"].toDouble();
     const Layout L{B, T, D, H, V, B * T};
     const int64_t N = L.N;
     const float* w = floats(ws);
@@ -160,17 +173,17 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     auto dWqkv = torch::empty({3 * D, D}, opts), dbqkv = torch::empty({3 * D}, opts);
     auto dE = torch::zeros({ctx->saved_data["emb_rows"].toInt(), D}, opts);
 
-    gemm(true, false, V, D, N, dz, V, o, D, dWh.data_ptr<float>(), D);  // dzᵀ o
+    product(policy, true, false, V, D, N, dz, V, o, D, dWh.data_ptr<float>(), D);  // dzᵀ o
     column_sums(dz, N, V, dbh.data_ptr<float>());
-    gemm(false, false, N, D, V, dz, V, floats(Wh), D, dout, D);         // dz Wh
-    gemm(true, false, D, D, N, dout, D, c, D, dWo.data_ptr<float>(), D);
+    product(policy, false, false, N, D, V, dz, V, floats(Wh), D, dout, D);         // dz Wh
+    product(policy, true, false, D, D, N, dout, D, c, D, dWo.data_ptr<float>(), D);
     column_sums(dout, N, D, dbo.data_ptr<float>());
-    gemm(false, false, N, D, D, dout, D, floats(Wo), D, dc, D);
+    product(policy, false, false, N, D, D, dout, D, floats(Wo), D, dc, D);
     const kernels::Dims s = kernels::make_dims(B, T, D, H, /*causal=*/true);
     kernels::backward_kernel(s, qkv, P, dc, dqkv);
-    gemm(true, false, 3 * D, D, N, dqkv, 3 * D, x, D, dWqkv.data_ptr<float>(), D);
+    product(policy, true, false, 3 * D, D, N, dqkv, 3 * D, x, D, dWqkv.data_ptr<float>(), D);
     column_sums(dqkv, N, 3 * D, dbqkv.data_ptr<float>());
-    gemm(false, false, N, D, 3 * D, dqkv, 3 * D, floats(Wqkv), D, dx, D);
+    product(policy, false, false, N, D, 3 * D, dqkv, 3 * D, floats(Wqkv), D, dx, D);
     {
       const int64_t* id = ids.data_ptr<int64_t>();
       float* de = dE.data_ptr<float>();
@@ -182,7 +195,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
       }
     }
     return {torch::Tensor(), torch::Tensor(), dE, torch::Tensor(), dWqkv, dbqkv,
-            dWo,             dbo,             dWh, dbh, torch::Tensor()};
+            dWo,             dbo,             dWh, dbh, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -207,7 +220,7 @@ torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& id
   return FusedTinyLMLoss::apply(ids, targets, m.token_embedding->weight, m.sinusoidal_positions->forward(T),
                                 a.qkv_proj->weight, a.qkv_proj->bias, a.out_proj->weight,
                                 a.out_proj->bias, m.lm_head->weight, m.lm_head->bias,
-                                a.options.n_heads())[0];
+                                a.options.n_heads(), m.options.kernel_policy())[0];
 }
 
 }  // namespace tinylm::nn

@@ -274,7 +274,8 @@ void TinyAttentionLMImpl::reset() {
           SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
   attention = register_module(
       "attention", MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(D, options.n_heads(), C)
-                                              .kernel(options.attention_kernel())));
+                                              .kernel(options.attention_kernel())
+                                              .policy(options.kernel_policy())));
   lm_head = register_module("lm_head", torch::nn::Linear(D, V));
 }
 
@@ -299,13 +300,24 @@ ModelArchitecture architecture_of(const TinyAttentionLMOptions& options) {
 
 torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
   // The whole model as one op exactly where its attention would run the fused kernel.
-  // An empty (1, T, 0) tensor stands for the attention's input: its rank, dtype, device.
-  const auto probe = torch::empty({1, ids.dim() == 2 ? ids.size(1) : 0, 0},
-                                  token_embedding->weight.options());
-  if (ids.dim() == 2 && attention->kernel_for(probe, false, false) == AttentionKernel::fused &&
+  const auto& w = token_embedding->weight;
+  AttentionCall call;
+  call.cuda = w.is_cuda();
+  call.fused_supported = w.device().is_cpu() && w.scalar_type() == torch::kFloat32;
+  call.seq_len = ids.dim() == 2 ? ids.size(1) : 0;
+  call.dropout = is_training() && attention->options.attn_dropout() > 0;
+  call.grad_enabled = torch::GradMode::is_enabled();
+  const auto& policy = options.kernel_policy();
+  if (policy.fuse_whole_model && ids.dim() == 2 &&
+      policy.attention_kernel(options.attention_kernel(), call) == AttentionKernel::fused &&
       fused_tiny_lm_supported(*this))
     return fused_tiny_lm_loss(*this, ids, targets);
   return LanguageModelImpl::loss(ids, targets);
+}
+
+void TinyAttentionLMImpl::set_kernel_policy(const KernelPolicy& policy) {
+  options.kernel_policy(policy);
+  attention->options.policy(policy);
 }
 
 void TinyAttentionLMImpl::pretty_print(std::ostream& os) const {
@@ -362,6 +374,15 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : opt
   reset();
 }
 
+void TransformerLMImpl::set_kernel_policy(const KernelPolicy& policy) {
+  options.kernel_policy(policy);
+  for (const auto& block : *blocks) {
+    auto& b = *block->as<TransformerBlockImpl>();
+    b.options.kernel_policy(policy);
+    b.attn->options.policy(policy);
+  }
+}
+
 ModelArchitecture TransformerLMImpl::architecture() const { return architecture_of(options); }
 
 ModelArchitecture architecture_of(const TransformerLMOptions& options) {
@@ -410,7 +431,8 @@ void TransformerLMImpl::reset() {
                                            .bias(options.bias())
                                            .pre_ln(options.pre_ln())
                                            .activation(options.activation())
-                                           .attention_kernel(options.attention_kernel())));
+                                           .attention_kernel(options.attention_kernel())
+                                           .kernel_policy(options.kernel_policy())));
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})));
   if (!options.tie_weights()) {

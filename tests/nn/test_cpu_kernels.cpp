@@ -2,6 +2,7 @@
 #include "../test_util.h"
 
 #include <tinylm/nn/cpu_kernels.h>
+#include <tinylm/nn/kernel_policy.h>
 
 #include "nn/cpu/kernels.h"
 
@@ -15,10 +16,7 @@ using tinylm::test::error_message;
 namespace {
 
 struct Restore {
-  ~Restore() {
-    set_cpu_isa(CpuIsa::automatic);
-    set_gemm_backend(GemmBackend::automatic);
-  }
+  ~Restore() { set_cpu_isa(CpuIsa::automatic); }
 };
 
 /// A product backend and the instruction set of the loops (the hand kernel's).
@@ -85,15 +83,23 @@ TEST_CASE("the padding past C's rows is left alone", "[nn][gemm]") {
 TEST_CASE("the automatic choice sends small products to a small-matrix kernel and large ones to BLAS",
           "[nn][gemm]") {
   Restore restore;
-  const GemmBackend small = gemm_backend_for(192, 96, 32);
+  const KernelPolicy policy;
+  const GemmBackend small = policy.gemm_backend(192, 96, 32);
   if (gemm_backend_available(GemmBackend::libxsmm)) {
     CHECK(small == GemmBackend::libxsmm);
   } else {
     CHECK(small == (cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas));
   }
-  CHECK(gemm_backend_for(1024, 1024, 1024) == GemmBackend::blas);
-  set_gemm_backend(GemmBackend::hand);
-  CHECK(gemm_backend_for(1024, 1024, 1024) == GemmBackend::hand);
+  CHECK(policy.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
+  // The threshold is the policy's: a product of 2 * 192 * 96 * 32 flops is large under a
+  // lower one. One backend for all is a policy too; neither touches another policy.
+  KernelPolicy low;
+  low.small_gemm_flops = 2.0 * 192 * 96 * 32 - 1;
+  CHECK(low.gemm_backend(192, 96, 32) == GemmBackend::blas);
+  KernelPolicy hand;
+  hand.gemm = GemmBackend::hand;
+  CHECK(hand.gemm_backend(1024, 1024, 1024) == GemmBackend::hand);
+  CHECK(KernelPolicy{}.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
   CHECK(cpu_kernels_description().find("loops: ") != std::string::npos);
 }
 
@@ -104,8 +110,12 @@ TEST_CASE("kernel settings reject unknown names and what cannot run here", "[nn]
   CHECK(gemm_backend_from_string("libxsmm") == GemmBackend::libxsmm);
   if (!cpu_isa_available(CpuIsa::avx2))
     CHECK(error_message([] { set_cpu_isa(CpuIsa::avx2); }).find("cannot run here") != std::string::npos);
-  if (!gemm_backend_available(GemmBackend::libxsmm))
-    CHECK(error_message([] { set_gemm_backend(GemmBackend::libxsmm); }).find("not available") != std::string::npos);
+  if (!gemm_backend_available(GemmBackend::libxsmm)) {
+    std::vector<float> m(4);
+    CHECK(error_message([&] {
+            gemm(false, false, 2, 2, 2, m.data(), 2, m.data(), 2, m.data(), 2, false, GemmBackend::libxsmm);
+          }).find("not available") != std::string::npos);
+  }
   std::vector<float> x(4);
   CHECK(error_message([&] {
           gemm(false, false, 2, 2, 2, x.data(), 1, x.data(), 2, x.data(), 2);

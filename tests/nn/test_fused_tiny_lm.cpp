@@ -43,10 +43,12 @@ TEST_CASE("the fused TinyAttentionLM loss equals the step-by-step loss and gradi
   const GemmBackend backend = GENERATE(from_range(runnable_backends()));
   INFO("V " << V << " D " << D << " H " << H << " T " << T << " B " << B << " loops "
             << to_string(isa) << " products " << to_string(backend));
-  KernelGuard kernels(isa, backend);
+  KernelGuard kernels(isa);
   torch::manual_seed(V + T);
   TinyAttentionLM a(TinyAttentionLMOptions(V, 12, D, H).attention_kernel(AttentionKernel::plain));
-  TinyAttentionLM b(TinyAttentionLMOptions(V, 12, D, H));
+  KernelPolicy products;
+  products.gemm = backend;  // every product of the fused op through this backend
+  TinyAttentionLM b(TinyAttentionLMOptions(V, 12, D, H).kernel_policy(products));
   {
     torch::NoGradGuard g;
     auto src = a->named_parameters();

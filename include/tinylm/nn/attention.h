@@ -2,6 +2,8 @@
 // B = batch, T = sequence length, D = d_model, H = heads, Dh = D / H, C = max context
 #pragma once
 
+#include <tinylm/nn/kernel_policy.h>
+
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -12,24 +14,6 @@
 #include <string>
 
 namespace tinylm::nn {
-
-/// Which computation MultiHeadSelfAttention runs from the QKV projection to the merged
-/// heads. All compute the same function; a kernel that does not apply to a call (see
-/// each) falls back to the step-by-step path.
-enum class AttentionKernel {
-  /// The fastest that applies, as measured: with LibTorch >= 2, SDPA on CUDA and on the
-  /// CPU from T = 64; otherwise tinylm's fused CPU kernel (float32); otherwise SDPA
-  /// (LibTorch >= 2); otherwise step by step.
-  automatic,
-  /// Step by step: scores, mask, softmax, dropout, weighted sum. Always applies.
-  plain,
-  /// tinylm's fused CPU kernel (src/nn/fused_attention.h): float32 on the CPU, no padding
-  /// mask, no attention dropout in training, no weights asked for with autograd on.
-  fused,
-  /// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA): needs
-  /// LibTorch >= 2, no padding mask, no weights asked for. Dropout is passed through.
-  sdpa,
-};
 
 const char* to_string(AttentionKernel kernel);
 /// "automatic" | "plain" | "fused" | "sdpa"; throws on anything else.
@@ -59,6 +43,8 @@ struct MultiHeadSelfAttentionOptions {
   bool fused() const { return kernel_ != AttentionKernel::plain; }
   /// The attention kernel (see AttentionKernel). Default: the fastest that applies.
   TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
+  /// The thresholds and backends behind the kernel choice (the model's, when in one).
+  TORCH_ARG(KernelPolicy, policy);
 };
 
 /// What attention returns: the output (B, T, D) and, when asked, weights (B, H, T, T).
@@ -71,9 +57,6 @@ struct AttentionOutput {
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads);
 /// (B, H, T, Dh) -> (B, T, H*Dh): the inverse of split_heads.
 torch::Tensor merge_heads(const torch::Tensor& x);
-
-/// Whether this LibTorch has at::scaled_dot_product_attention (2.0 and later).
-bool sdpa_available();
 
 /// Self-attention through at::scaled_dot_product_attention: qkv (B, T, 3D) as the fused
 /// projection gives it -> merged heads (B, T, D), with the causal flag and dropout (0 =
@@ -99,8 +82,8 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
 
-  /// The kernel forward() runs for input x (B, T, D): options().kernel() where it
-  /// applies, else the step-by-step path. Every kernel decision in tinylm is made here.
+  /// The kernel forward() runs for input x (B, T, D): options.kernel() where it applies,
+  /// else the step-by-step path, as options.policy() decides (KernelPolicy).
   AttentionKernel kernel_for(const torch::Tensor& x, bool return_weights,
                              bool has_padding_mask) const;
 

@@ -63,6 +63,7 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, ln_eps) = 1e-5;
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
+  TORCH_ARG(KernelPolicy, kernel_policy);
 };
 
 class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {

@@ -1,8 +1,8 @@
 // The CPU kernels behind tinylm's fused ops (the whole-model TinyAttentionLM loss and the
-// fused attention): who computes their small matrix products, and which instruction set
-// tinylm's own loops use. Both are chosen automatically, in this one place; the setters
-// exist for comparisons (`tinylm bench --cases gemm`) and to step around a platform
-// problem. They are process-wide.
+// fused attention): the matrix-product backends, and the instruction set tinylm's own
+// loops use. Which backend computes a product is the model's KernelPolicy's choice
+// (kernel_policy.h); the instruction set is the machine's, detected once (its setter
+// exists for comparisons and to step around a platform problem, and is process-wide).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace tinylm::nn {
 
 /// Who computes a matrix product.
 enum class GemmBackend {
-  /// By shape: products up to kSmallGemmFlops (2 M K N) go to libxsmm where tinylm was
+  /// By shape (KernelPolicy::gemm_backend): small products go to libxsmm where tinylm was
   /// built with it, else to the hand kernel where the AVX2 loops run, else BLAS; larger
   /// ones to BLAS (multi-threaded).
   automatic,
@@ -32,9 +32,6 @@ enum class CpuIsa {
   avx2,       ///< AVX2 + FMA (x86-64)
 };
 
-/// Products up to this many flops (2 M N K) count as small for GemmBackend::automatic.
-constexpr double kSmallGemmFlops = 8.0 * 1024 * 1024;
-
 const char* to_string(GemmBackend backend);
 const char* to_string(CpuIsa isa);
 /// "automatic" | "libxsmm" | "blas" | "hand"; throws on anything else.
@@ -44,19 +41,14 @@ GemmBackend gemm_backend_from_string(const std::string& name);
 bool gemm_backend_available(GemmBackend backend);
 bool cpu_isa_available(CpuIsa isa);
 
-/// The backend every product of the fused ops uses from now on; throws if unavailable.
-void set_gemm_backend(GemmBackend backend);
-GemmBackend gemm_backend();  ///< the setting (automatic by default)
 /// The instruction set tinylm's loops use from now on; throws if unavailable.
 void set_cpu_isa(CpuIsa isa);
 CpuIsa cpu_isa();  ///< the one in use: generic or avx2, never automatic
 
-/// The backend a product of this shape goes to under the current setting.
-GemmBackend gemm_backend_for(int64_t M, int64_t N, int64_t K);
-
 /// C (M x N) = op(A) op(B), or C += op(A) op(B) with accumulate; float32, row-major, each
 /// matrix with its own row stride (lda, ldb, ldc). op(X) is X, or Xᵀ when trans_*: A is
-/// then stored K x M, B N x K. `backend` automatic means the current setting.
+/// then stored K x M, B N x K. `backend` automatic: a default KernelPolicy's choice for
+/// the shape. Throws if `backend` is not available here.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
           bool accumulate = false, GemmBackend backend = GemmBackend::automatic);

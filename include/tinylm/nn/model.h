@@ -71,6 +71,10 @@ class LanguageModelImpl : public torch::nn::Module {
   /// What a checkpoint stores to rebuild this model (see ModelArchitecture). The default
   /// names the C++ type with no options: such a model is rebuilt by the user's code.
   virtual ModelArchitecture architecture() const;
+
+  /// Every kernel choice this model makes from now on (KernelPolicy); the default keeps
+  /// none (a model without tinylm's kernels).
+  virtual void set_kernel_policy(const KernelPolicy& policy) { (void)policy; }
 };
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
 
@@ -146,6 +150,8 @@ struct TinyAttentionLMOptions {
   /// The attention kernel; with `fused` or `automatic`, loss() also runs the whole model
   /// as one fused op where the attention would pick the fused kernel.
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
+  /// Thresholds and backends of the kernel choices (not part of the architecture).
+  TORCH_ARG(KernelPolicy, kernel_policy);
 };
 
 /// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
@@ -167,6 +173,7 @@ class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
   /// default otherwise.
   torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets) override;
   ModelArchitecture architecture() const override;
+  void set_kernel_policy(const KernelPolicy& policy) override;
 
   TinyAttentionLMOptions options;
   TokenEmbedding token_embedding{nullptr};
@@ -216,6 +223,8 @@ struct TransformerLMOptions {
   TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;
   TORCH_ARG(double, pos_base) = 10000.0;
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
+  /// Thresholds and backends of the kernel choices (not part of the architecture).
+  TORCH_ARG(KernelPolicy, kernel_policy);
 };
 
 /// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
@@ -241,6 +250,7 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
   ModelArchitecture architecture() const override;
+  void set_kernel_policy(const KernelPolicy& policy) override;
 
   TransformerLMOptions options;
   TokenEmbedding token_embedding{nullptr};

@@ -1,0 +1,74 @@
+// Every kernel choice a model makes, in one value: which attention computation runs a
+// call, from which length the fused attention's T x T products go through BLAS, which
+// products count as small, who computes them, and whether the tiny model runs as one op.
+// A model holds its own (options().kernel_policy(), set_kernel_policy()); nothing here is
+// process-wide. The instruction set of tinylm's loops is the machine's (cpu_kernels.h).
+#pragma once
+
+#include <tinylm/nn/cpu_kernels.h>
+
+#include <cstdint>
+
+namespace tinylm::nn {
+
+/// Which computation MultiHeadSelfAttention runs from the QKV projection to the merged
+/// heads. All compute the same function; a kernel that does not apply to a call (see
+/// each) falls back to the step-by-step path.
+enum class AttentionKernel {
+  /// The fastest that applies, as measured (KernelPolicy::attention_kernel): with
+  /// LibTorch >= 2, SDPA on CUDA and on the CPU from sdpa_cpu_min_seq_len; otherwise
+  /// tinylm's fused CPU kernel (float32); otherwise SDPA (LibTorch >= 2); otherwise step
+  /// by step.
+  automatic,
+  /// Step by step: scores, mask, softmax, dropout, weighted sum. Always applies.
+  plain,
+  /// tinylm's fused CPU kernel (src/nn/fused_attention.h): float32 on the CPU, no padding
+  /// mask, no attention dropout in training, no weights asked for with autograd on.
+  fused,
+  /// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA): needs
+  /// LibTorch >= 2, no padding mask, no weights asked for. Dropout is passed through.
+  sdpa,
+};
+
+/// What an attention call is: what decides the kernel that can run it.
+struct AttentionCall {
+  bool cuda = false;              // the input is on a CUDA device
+  bool fused_supported = false;   // float32 on the CPU, rank 3 (what the fused kernel takes)
+  int64_t seq_len = 0;            // T
+  bool padding_mask = false;      // a padding mask is given
+  bool dropout = false;           // attention dropout is active (training, p > 0)
+  bool return_weights = false;    // the weights are asked for
+  bool grad_enabled = false;      // autograd is on (the fused kernel's weights carry no gradient)
+};
+
+struct KernelPolicy {
+  /// SDPA on the CPU from this sequence length (where LibTorch has it). Measured with
+  /// LibTorch 2.6 (`tinylm bench --cases attention`, forward + backward, 1 thread): SDPA
+  /// beat the fused kernel 1.2x at T 64 and 128 and lost 1.8x at T 12.
+  int64_t sdpa_cpu_min_seq_len = 64;
+  /// The fused attention's two T x T products through BLAS batched matmuls from this
+  /// length; shorter ones are faster as plain loops (no copies, no per-call overhead).
+  int64_t attention_blas_min_seq_len = 32;
+  /// Products up to this many flops (2 M N K) count as small: all call overhead in BLAS
+  /// (15-30 us for 192x32 by 32x96, where libxsmm's JIT kernel takes ~5 us).
+  double small_gemm_flops = 8.0 * 1024 * 1024;
+  /// Who computes the fused ops' products: automatic (by shape, gemm_backend()), or one
+  /// backend for all (comparisons, or stepping around a platform problem).
+  GemmBackend gemm = GemmBackend::automatic;
+  /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
+  /// attention would run the fused kernel.
+  bool fuse_whole_model = true;
+
+  /// The kernel that runs `call` when `requested` is asked for.
+  AttentionKernel attention_kernel(AttentionKernel requested, const AttentionCall& call) const;
+  /// The backend of a product of this shape: small ones to libxsmm where it works, else
+  /// the hand kernel where the AVX2 loops run, else BLAS; large ones to BLAS.
+  GemmBackend gemm_backend(int64_t M, int64_t N, int64_t K) const;
+  /// Whether the fused attention's T x T products go through BLAS at this length.
+  bool attention_products_use_blas(int64_t seq_len) const { return seq_len >= attention_blas_min_seq_len; }
+};
+
+/// Whether this LibTorch has at::scaled_dot_product_attention (2.0 and later).
+bool sdpa_available();
+
+}  // namespace tinylm::nn
