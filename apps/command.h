@@ -5,6 +5,7 @@
 // to apps/CMakeLists.txt.
 #pragma once
 
+#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 
 #include <CLI/CLI.hpp>
@@ -41,5 +42,9 @@ CLI::Option* integer(CLI::Option* option);
 /// The checkpoint a command names (a file, or a run directory's newest). Format 1 is
 /// refused with the command that converts a file the user trusts.
 train::Checkpoint open_checkpoint(const std::string& file_or_dir);
+
+/// eval's and sample's common start: the CPU threads set, the checkpoint opened for
+/// inference (open_for_inference), a missing or wrong data path named as --data.
+InferenceRun open_run(const std::string& file_or_dir, int64_t threads, const InferenceOptions& options);
 
 }  // namespace tinylm::cli

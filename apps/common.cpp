@@ -1,6 +1,9 @@
 // Helpers more than one subcommand needs.
 #include "command.h"
 
+#include <tinylm/error.h>
+#include <tinylm/run.h>
+#include <tinylm/threads.h>
 #include <tinylm/train/checkpoint.h>
 
 #include <cmath>
@@ -39,6 +42,17 @@ train::Checkpoint open_checkpoint(const std::string& file_or_dir) {
               "so tinylm does not read them by default. If you trust this file, convert it once: tinylm upgrade ",
               path, " --out NEW.ckpt");
   return train::read_checkpoint(path);
+}
+
+InferenceRun open_run(const std::string& file_or_dir, int64_t threads, const InferenceOptions& options) {
+  TORCH_CHECK(threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", threads);
+  set_cpu_threads(threads);
+  try {
+    return open_for_inference(open_checkpoint(file_or_dir), options);
+  } catch (const Error& e) {
+    TORCH_CHECK(e.kind() != ErrorKind::data_needed, e.what_without_backtrace(), " (--data PATH)");
+    throw;
+  }
 }
 
 }  // namespace tinylm::cli

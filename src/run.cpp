@@ -1,5 +1,6 @@
 // The RunConfig layer: model, task, trainer options and Trainer from a run config.
 #include <tinylm/data/token_file.h>
+#include <tinylm/error.h>
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/log.h>
 #include <tinylm/run.h>
@@ -123,9 +124,9 @@ std::shared_ptr<const data::Tokenizer> tokenizer_of(const InferenceRun& run) {
   if (auto stored = train::checkpoint_tokenizer(run.checkpoint)) return stored;
   if (run.task) return run.task->tokenizer();
   if (run.config.task == "text") return data::byte_tokenizer();
-  TORCH_CHECK(run.config.task != "tokens", "checkpoint '", run.checkpoint.path,
-              "' carries no tokenizer (written by an older tinylm): pass --data DIR, the prepared corpus"
-              " it was trained on");
+  TINYLM_CHECK(run.config.task != "tokens", ErrorKind::data_needed, "checkpoint '", run.checkpoint.path,
+               "' carries no tokenizer (written by an older tinylm): give the data path of the prepared "
+               "corpus it was trained on");
   return data::ids_tokenizer(run.model->vocab_size());
 }
 
@@ -150,17 +151,19 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
       run.task = make_task(cfg);
     } catch (const c10::Error& e) {
       const bool file_data = cfg.task == "text" || cfg.task == "tokens";
-      TORCH_CHECK(false, e.what_without_backtrace(),
-                  file_data && data_override.empty() ? " (the checkpoint's data; pass --data PATH if it moved)" : "");
+      TINYLM_CHECK(!file_data || !data_override.empty(), ErrorKind::data_needed, e.what_without_backtrace(),
+                   " (the checkpoint's data; give its path if it moved)");
+      throw;
     }
   }
   run.tokenizer = tokenizer_of(run);
   if (run.task && has_tokenizer)
-    TORCH_CHECK(run.task->tokenizer()->kind() == run.tokenizer->kind() &&
-                    run.task->tokenizer()->model_bytes() == run.tokenizer->model_bytes(),
-                "checkpoint '", run.checkpoint.path, "' was trained with another tokenizer than the data '",
-                cfg.data, "' (", run.tokenizer->describe(), " vs ", run.task->tokenizer()->describe(),
-                "): pass --data with the corpus it was trained on");
+    TINYLM_CHECK(run.task->tokenizer()->kind() == run.tokenizer->kind() &&
+                     run.task->tokenizer()->model_bytes() == run.tokenizer->model_bytes(),
+                 ErrorKind::data_needed, "checkpoint '", run.checkpoint.path,
+                 "' was trained with another tokenizer than the data '", cfg.data, "' (",
+                 run.tokenizer->describe(), " vs ", run.task->tokenizer()->describe(),
+                 "): give the data path of the corpus it was trained on");
   TORCH_CHECK(run.tokenizer->vocab_size() <= run.model->vocab_size(), "checkpoint '", run.checkpoint.path,
               "': its tokenizer has ", run.tokenizer->vocab_size(), " tokens, more than the model's vocabulary ",
               run.model->vocab_size());

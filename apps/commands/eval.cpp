@@ -3,7 +3,6 @@
 #include "../command.h"
 
 #include <tinylm/run.h>
-#include <tinylm/threads.h>
 #include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
 
@@ -28,13 +27,11 @@ int run_eval(const EvalArgs& a) {
   TORCH_CHECK(a.batches >= 1, "--batches must be >= 1, got ", a.batches);
   TORCH_CHECK(a.batch_size >= 0, "--batch-size must be >= 1 (0 = the checkpoint's), got ", a.batch_size);
   TORCH_CHECK(a.seed >= 0, "--seed must be >= 0, got ", a.seed);
-  TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
-  set_cpu_threads(a.threads);
   InferenceOptions o;
   o.device = a.device;
   o.data = a.data;
   o.need_data = true;
-  auto run = open_for_inference(open_checkpoint(a.checkpoint), o);
+  auto run = open_run(a.checkpoint, a.threads, o);
   const auto& cfg = run.config;
   const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
   check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());

@@ -5,7 +5,6 @@
 #include <tinylm/generate.h>
 #include <tinylm/report.h>
 #include <tinylm/run.h>
-#include <tinylm/threads.h>
 #include <tinylm/train/resources.h>
 
 #include <nlohmann/json.hpp>
@@ -37,12 +36,10 @@ int run_sample(const SampleArgs& a) {
   TORCH_CHECK(available == 0 || sequence_bytes < static_cast<double>(available), "--max-new-tokens ",
               a.max_new_tokens, " needs more memory than the ", available >> 20,
               " MiB available: ask for fewer tokens");
-  TORCH_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = LibTorch's default), got ", a.threads);
-  set_cpu_threads(a.threads);
   InferenceOptions io;
   io.device = a.device;
   io.data = a.data;
-  auto run = open_for_inference(open_checkpoint(a.checkpoint), io);
+  auto run = open_run(a.checkpoint, a.threads, io);
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;
   o.temperature = a.temperature;

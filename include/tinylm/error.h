@@ -12,6 +12,7 @@ namespace tinylm {
 enum class ErrorKind {
   run_directory_taken,  // a fresh run's directory already holds an earlier run
   heads_unknown,        // an imported state dict does not say its number of attention heads
+  data_needed,          // a checkpoint needs the data it was trained on, and it was not found or differs
 };
 
 /// A c10::Error (caught wherever one is) that also says what kind of problem it is.

@@ -101,7 +101,7 @@ mv bpe bpe.moved  # sampling needs nothing but the checkpoint
 head -c 12 sample.txt | grep -q "^This License" || fail "sample does not start with its prompt: $(cat sample.txt)"
 [ "$(wc -c < sample.txt)" -gt 20 ] || fail "sample printed too little: $(cat sample.txt)"
 echo "ok   sample without the corpus: $(head -n 2 sample.txt | tr '\n' ' ')"
-expect_error "eval, corpus moved" "pass --data PATH if it moved" "$tinylm" eval full --batches 1
+expect_error "eval, corpus moved" "give its path if it moved) (--data PATH)" "$tinylm" eval full --batches 1
 "$tinylm" eval full --batches 1 --data bpe.moved > /dev/null 2>&1 || fail "eval --data moved corpus"
 # nanoGPT round trip: the export carries no tokenizer; import attaches one
 "$tinylm" export full --out model.pt > export.log 2>&1 || fail "export: $(cat export.log)"
