@@ -463,9 +463,7 @@ Json run_dp_job(int64_t world, bool quick) {
     pids.push_back(cli::spawn_self(worker));
   }
   ::close(out[1]);
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+  const std::string text = cli::read_all(out[0]);
   ::close(out[0]);
   bool ok = true;
   for (pid_t pid : pids) {

@@ -46,14 +46,19 @@ std::string run_self(SpawnOptions o, const std::string& what) {
   o.close_fds = {out[0], out[1]};
   const pid_t pid = spawn_self(o);
   ::close(out[1]);
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(n));
+  const std::string text = read_all(out[0]);
   ::close(out[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
   TORCH_CHECK(exit_code(status) == 0 && !text.empty(), what, " failed (status ", exit_code(status), ")");
   return text.substr(0, text.find('\n'));
+}
+
+std::string read_all(int fd) {
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(n));
+  return text;
 }
 
 int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }

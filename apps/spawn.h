@@ -27,6 +27,9 @@ pid_t spawn_self(const SpawnOptions& options);
 /// line it printed. Throws with `what` when it fails or prints nothing.
 std::string run_self(SpawnOptions options, const std::string& what);
 
+/// Everything a pipe's read end gives until its writers close it.
+std::string read_all(int fd);
+
 /// What a child's wait status means as an exit status: its code, or 128 + its signal.
 int exit_code(int wait_status);
 

@@ -30,8 +30,8 @@ def rel(path):
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
-def prose_lines(text):
-    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+def outside_fences(text):
+    """(line number, line) of the lines outside fenced code blocks."""
     fence = None
     for number, line in enumerate(text.split("\n"), 1):
         m = FENCE.match(line)
@@ -42,6 +42,11 @@ def prose_lines(text):
             if line.strip().startswith(fence):
                 fence = None
             continue
+        yield number, line
+
+def prose_lines(text):
+    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+    for number, line in outside_fences(text):
         # Blank `code spans` (any number of backticks, matched pairs) keeping the width.
         yield number, re.sub(r"(`+)(.+?)\1", lambda s: " " * len(s.group(0)), line)
 
@@ -65,16 +70,7 @@ def anchors(md_path):
         seen, found = {}, set()
         with open(md_path, encoding="utf-8") as f:
             text = f.read()
-        fence = None
-        for line in text.split("\n"):
-            m = FENCE.match(line)
-            if fence is None and m:
-                fence = m.group(1)[0] * len(m.group(1))
-                continue
-            if fence is not None:
-                if line.strip().startswith(fence):
-                    fence = None
-                continue
+        for _, line in outside_fences(text):
             h = re.match(r"^ {0,3}#{1,6}\s+(.*)$", line)
             if not h:
                 continue
