@@ -115,10 +115,10 @@ RunConfig p2_config() {  // the medium model
   c.threads = g_threads;
   c.model = "transformer";
   c.task = "copy";
-  c.vocab_size = 256;
-  c.d_model = 256;
-  c.n_heads = 8;
-  c.n_layers = 4;
+  c.set("vocab-size", 256);
+  c.set("d-model", 256);
+  c.set("n-heads", 8);
+  c.set("n-layers", 4);
   c.seq_len = 128;
   c.batch_size = 16;
   c.optimizer = "adamw";
@@ -129,16 +129,16 @@ RunConfig p2_config() {  // the medium model
 }
 
 Json describe(const RunConfig& c) {
-  return {{"model", c.model}, {"vocab", c.vocab_size}, {"d_model", c.d_model},
-          {"heads", c.n_heads}, {"layers", c.model == "tiny" ? 1 : c.n_layers},
+  return {{"model", c.model}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
+          {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model == "tiny" ? 1 : c.get<int64_t>("n-layers")},
           {"seq", c.seq_len}, {"batch", c.batch_size}, {"optimizer", c.optimizer},
-          {"fused_attention", c.fused_attention}, {"fused_optimizer", c.fused_optimizer}};
+          {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.fused_optimizer}};
 }
 
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
 /// every layer and the LM head, and attention's two T x T products (full, not causal).
 double train_flops_per_step(const RunConfig& c) {
-  const double D = c.d_model, V = c.vocab_size, T = c.seq_len, L = c.n_layers, e = c.mlp_expansion;
+  const double D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), T = c.seq_len, L = c.get<int64_t>("n-layers"), e = c.get<int64_t>("mlp-expansion");
   const double per_token = 2.0 * (L * (4.0 + 2.0 * e) * D * D + V * D) + 4.0 * L * T * D;
   return 3.0 * per_token * T * c.batch_size * c.grad_accum;
 }
@@ -156,7 +156,8 @@ double matmul_peak(bool quick) {
 void bench_p1(bool quick) {
   for (bool fused : {true, false}) {
     RunConfig c = p1_config();
-    c.fused_attention = c.fused_optimizer = fused;
+    c.fused_optimizer = fused;
+    c.set("attention-kernel", fused ? "automatic" : "plain");
     train::Trainer t = make_trainer(c);
     auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
     emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
@@ -318,7 +319,7 @@ void bench_gemm(bool quick) {
 void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   RunConfig c = p2_config();
   if (quick) {
-    c.n_layers = 1;
+    c.set("n-layers", 1);
     c.seq_len = 32;
     c.batch_size = 4;
   }
@@ -416,7 +417,7 @@ int64_t dp_steps(bool quick) { return quick ? 2 : 12; }
 RunConfig dp_config(bool quick) {
   RunConfig c = p2_config();  // timing only: train_step writes no files
   if (quick) {
-    c.n_layers = 1;
+    c.set("n-layers", 1);
     c.seq_len = 32;
     c.batch_size = 4;
   }
@@ -593,10 +594,10 @@ RunConfig data_config() {
   c.threads = g_threads;
   c.model = "transformer";
   c.task = "tokens";
-  c.vocab_size = 4096;
-  c.d_model = 64;
-  c.n_heads = 4;
-  c.n_layers = 2;
+  c.set("vocab-size", 4096);
+  c.set("d-model", 64);
+  c.set("n-heads", 4);
+  c.set("n-layers", 2);
   c.seq_len = 128;
   c.batch_size = 16;
   c.optimizer = "adamw";
@@ -615,7 +616,7 @@ void bench_data_worker(const std::string& dir, bool in_memory, bool quick) {
   c.data = dir;
   auto task = std::make_shared<data::TokenFileTask>(
       dir, c.seq_len, data::TokenFileTaskOptions{in_memory});
-  c.vocab_size = task->vocab_size();
+  c.set("vocab-size", task->vocab_size());
   train::Trainer t(build_model(c), task, trainer_options(c));
   for (int i = 0; i < 3; ++i) t.train_step();
   const auto start = Clock::now();

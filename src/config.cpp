@@ -1,5 +1,7 @@
 // The run configuration: field table, validation and TOML reading/writing.
 #include <tinylm/config.h>
+#include <tinylm/nn/model_kind.h>
+#include <tinylm/run.h>
 
 #include "internal/system.h"
 #include "internal/toml_text.h"
@@ -8,8 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <iomanip>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -49,20 +49,10 @@ std::string suggestion(const std::string& key) {
   return " (a printed config lists every key)";
 }
 
+// A double as TOML writes it: the shortest text that reads back exactly, still a float.
 std::string format_double(double v) {
-  std::ostringstream os;
-  os << std::setprecision(std::numeric_limits<double>::max_digits10) << v;
-  std::string s = os.str();
-  // Shortest form that reads back exactly.
-  for (int p = 1; p <= 17; ++p) {
-    std::ostringstream t;
-    t << std::setprecision(p) << v;
-    if (std::strtod(t.str().c_str(), nullptr) == v) {  // strtod: no exception past DBL_MAX
-      s = t.str();
-      break;
-    }
-  }
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stays a TOML float
+  std::string s = option_text(v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
 }
 
@@ -75,67 +65,191 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
-void check_one_of(const char* key, const std::string& value, std::initializer_list<const char*> allowed) {
+void check_one_of(const char* key, const std::string& value, const std::vector<std::string>& allowed) {
   std::string list;
-  for (const char* a : allowed) {
+  for (const auto& a : allowed) {
     if (value == a) return;
-    list += list.empty() ? a : std::string(", ") + a;
+    list += list.empty() ? a : ", " + a;
   }
   TORCH_CHECK(false, key, " must be one of ", list, ", got '", internal::printable(value), "'");
 }
 
+// A field of RunConfig's own.
+template <typename T>
+ConfigField member(const char* name, const char* group, const char* help, T R::*m,
+                   std::vector<std::string> choices = {}) {
+  ConfigField f;
+  f.name = name;
+  f.group = group;
+  f.help = help;
+  f.type = type_of(OptionValue(T{}));
+  f.choices = std::move(choices);
+  f.get = [m](const RunConfig& c) { return OptionValue(c.*m); };
+  f.set = [m](RunConfig& c, const OptionValue& v) { c.*m = std::get<T>(v); };
+  return f;
+}
+
+// The run's own defaults for model options (the reference run's), where a kind has none
+// or another, and what the run adds to their help.
+struct Preset {
+  OptionValue value;
+  const char* help;  // replaces the kind's help when set
+};
+const std::map<std::string, Preset>& model_presets() {
+  static const std::map<std::string, Preset> presets = {
+      {"vocab_size", {int64_t{64}, "vocabulary size (text task: 256, byte-level; tokens task: the corpus's)"}},
+      {"context_length", {int64_t{0}, "model context; 0 = seq-len"}},
+      {"d_model", {int64_t{32}, nullptr}},
+      {"n_heads", {int64_t{4}, nullptr}},
+      {"n_layers", {int64_t{2}, nullptr}}};
+  return presets;
+}
+
+struct Fields {
+  std::vector<ConfigField> list;
+  std::map<std::string, OptionValue> model_defaults;
+};
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// One key per option of the registered model kinds (an option several kinds have is one
+// key, of one type), each kind's spec giving its help, type, choices and default.
+void add_model_fields(Fields& out) {
+  struct Seen {
+    OptionInfo info;
+    std::vector<std::string> kinds;
+  };
+  std::vector<Seen> seen;
+  const auto kinds = nn::model_kind_names();
+  for (const auto& name : kinds) {
+    for (const auto& o : nn::find_model_kind(name).options) {
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const Seen& s) { return s.info.name == o.name; });
+      if (it == seen.end()) {
+        seen.push_back({o, {name}});
+        continue;
+      }
+      TORCH_CHECK(it->info.type == o.type, "model kinds ", it->kinds.front(), " and ", name, " both have an option ",
+                  o.name, " but of different types: a run config cannot hold both");
+      it->kinds.push_back(name);
+      if (!it->info.default_value) it->info.default_value = o.default_value;
+    }
+  }
+  out.list.push_back(member("model", "model", "", &R::model, kinds));
+  out.list.back().help = "the model kind: " + join(kinds);
+  for (const auto& s : seen) {
+    ConfigField f;
+    f.name = spell(s.info.name, Spelling::config);
+    f.group = "model";
+    f.help = s.info.help + (s.kinds.size() < kinds.size() ? " (" + join(s.kinds) + ")" : "");
+    f.type = s.info.type;
+    f.choices = s.info.choices;
+    const std::string key = s.info.name;
+    f.get = [key](const RunConfig& c) {
+      auto it = c.model_options.find(key);
+      TORCH_CHECK(it != c.model_options.end(), "the run config holds no model option ", key);
+      return it->second;
+    };
+    f.set = [key](RunConfig& c, const OptionValue& v) { c.model_options[key] = v; };
+    auto preset = model_presets().find(key);
+    const bool has_preset = preset != model_presets().end();
+    if (has_preset && preset->second.help) f.help = preset->second.help;
+    out.list.push_back(std::move(f));
+    out.model_defaults[key] = has_preset ? preset->second.value
+                              : s.info.default_value ? *s.info.default_value
+                                                     : OptionValue();
+    if (type_of(out.model_defaults[key]) != s.info.type) {  // required, and no preset: a zero of its type
+      const OptionValue zeros[] = {false, int64_t{0}, 0.0, std::string()};
+      out.model_defaults[key] = zeros[static_cast<int>(s.info.type)];
+    }
+  }
+  // The spelling before attention kernels had names: read, never written.
+  if (std::any_of(seen.begin(), seen.end(), [](const Seen& s) { return s.info.name == "attention_kernel"; })) {
+    ConfigField f;
+    f.name = "fused-attention";
+    f.group = "model";
+    f.help = "older spelling: true = attention-kernel automatic, false = plain";
+    f.type = OptionType::boolean;
+    f.written = false;
+    f.get = [](const RunConfig& c) { return OptionValue(std::get<std::string>(c.model_options.at("attention_kernel")) != "plain"); };
+    f.set = [](RunConfig& c, const OptionValue& v) {
+      c.model_options["attention_kernel"] = std::string(std::get<bool>(v) ? "automatic" : "plain");
+    };
+    out.list.push_back(std::move(f));
+  }
+}
+
+const Fields& fields() {
+  static const Fields all = [] {
+    Fields out;
+    add_model_fields(out);
+    auto& l = out.list;
+    l.push_back(member("task", "task", "repeat, copy, reverse, sort, text (a file's bytes, in memory) or tokens (a prepared corpus, memory-mapped)", &R::task, {"repeat", "copy", "reverse", "sort", "text", "tokens"}));
+    l.push_back(member("seq-len", "task", "tokens per training sequence", &R::seq_len));
+    l.push_back(member("data", "task", "text task: the training text file; tokens task: the directory tinylm prepare made", &R::data));
+    l.push_back(member("val-fraction", "task", "text task: fraction of the file held out for validation", &R::val_fraction));
+    l.push_back(member("optimizer", "optim", "adam or adamw (adamw: no decay on biases, norms, embeddings)", &R::optimizer, {"adam", "adamw"}));
+    l.push_back(member("lr", "optim", "peak learning rate", &R::lr));
+    l.push_back(member("weight-decay", "optim", "AdamW weight decay", &R::weight_decay));
+    l.push_back(member("beta1", "optim", "Adam beta1", &R::beta1));
+    l.push_back(member("beta2", "optim", "Adam beta2", &R::beta2));
+    l.push_back(member("lr-schedule", "optim", "constant or cosine (after warmup)", &R::lr_schedule, {"constant", "cosine"}));
+    l.push_back(member("warmup-steps", "optim", "linear warmup steps", &R::warmup_steps));
+    l.push_back(member("min-lr-ratio", "optim", "cosine floor as a fraction of lr", &R::min_lr_ratio));
+    l.push_back(member("grad-clip", "optim", "max global gradient norm; 0 = off", &R::grad_clip));
+    l.push_back(member("grad-accum", "optim", "micro-batches per optimizer step", &R::grad_accum));
+    l.push_back(member("fused-optimizer", "optim", "Adam/AdamW fused over one flat parameter buffer", &R::fused_optimizer));
+    l.push_back(member("batch-size", "optim", "sequences per micro-batch", &R::batch_size));
+    l.push_back(member("epochs", "optim", "epochs", &R::epochs));
+    l.push_back(member("steps-per-epoch", "optim", "optimizer steps per epoch", &R::steps_per_epoch));
+    l.push_back(member("seed", "run", "seed for weights, data and dropout", &R::seed));
+    l.push_back(member("device", "run", "auto, cpu, cuda or cuda:N", &R::device));
+    l.push_back(member("bf16", "run", "bf16 autocast (CUDA only)", &R::bf16));
+    l.push_back(member("threads", "run", "CPU threads for LibTorch and OpenBLAS; 0 = their defaults", &R::threads));
+    l.push_back(member("log-every", "run", "steps between progress lines", &R::log_every));
+    l.push_back(member("eval-every", "run", "steps between validations; 0 = once per epoch", &R::eval_every));
+    l.push_back(member("eval-batches", "run", "batches per validation", &R::eval_batches));
+    l.push_back(member("out-dir", "run", "directory for checkpoints and metrics.jsonl", &R::out_dir));
+    l.push_back(member("save-every", "run", "steps between checkpoints; 0 = once per epoch", &R::save_every));
+    l.push_back(member("keep-last", "run", "step checkpoints to keep (best.ckpt is extra)", &R::keep_last));
+    l.push_back(member("stop-when-solved", "run", "stop once validation accuracy is 100% and loss < solve-loss", &R::stop_when_solved));
+    l.push_back(member("solve-loss", "run", "validation loss below which a solved task may stop", &R::solve_loss));
+    return out;
+  }();
+  return all;
+}
+
+OptionValue coerce(const ConfigField& f, OptionValue v) {
+  if (f.type == OptionType::real && std::holds_alternative<int64_t>(v))
+    v = static_cast<double>(std::get<int64_t>(v));
+  return v;
+}
+
 }  // namespace
 
-const std::vector<ConfigField>& config_fields() {
-  static const std::vector<ConfigField> fields = {
-      {"model", "model", "tiny (the reference TinyAttentionLM) or transformer", &R::model},
-      {"vocab-size", "model", "vocabulary size (text task: 256, byte-level; tokens task: the corpus's)", &R::vocab_size},
-      {"d-model", "model", "embedding width", &R::d_model},
-      {"n-heads", "model", "attention heads", &R::n_heads},
-      {"n-layers", "model", "transformer blocks (transformer)", &R::n_layers},
-      {"context-length", "model", "model context; 0 = seq-len", &R::context_length},
-      {"positions", "model", "learned, sinusoidal or none (transformer)", &R::positions},
-      {"pre-ln", "model", "pre-LN blocks; false = post-LN (transformer)", &R::pre_ln},
-      {"activation", "model", "MLP GELU: gelu-tanh (tanh approximation) or gelu (exact, as nanoGPT) (transformer)", &R::activation},
-      {"tie-weights", "model", "tie the LM head to the token embedding (transformer)", &R::tie_weights},
-      {"dropout", "model", "embedding and residual dropout (transformer)", &R::dropout},
-      {"attn-dropout", "model", "attention-weight dropout (transformer)", &R::attn_dropout},
-      {"bias", "model", "biases in Linear layers (transformer)", &R::bias},
-      {"mlp-expansion", "model", "MLP hidden width / d-model (transformer)", &R::mlp_expansion},
-      {"fused-attention", "model", "fused CPU kernels where they apply: attention, and the tiny model's whole loss (same results)", &R::fused_attention},
-      {"task", "task", "repeat, copy, reverse, sort, text (a file's bytes, in memory) or tokens (a prepared corpus, memory-mapped)", &R::task},
-      {"seq-len", "task", "tokens per training sequence", &R::seq_len},
-      {"data", "task", "text task: the training text file; tokens task: the directory tinylm prepare made", &R::data},
-      {"val-fraction", "task", "text task: fraction of the file held out for validation", &R::val_fraction},
-      {"optimizer", "optim", "adam or adamw (adamw: no decay on biases, norms, embeddings)", &R::optimizer},
-      {"lr", "optim", "peak learning rate", &R::lr},
-      {"weight-decay", "optim", "AdamW weight decay", &R::weight_decay},
-      {"beta1", "optim", "Adam beta1", &R::beta1},
-      {"beta2", "optim", "Adam beta2", &R::beta2},
-      {"lr-schedule", "optim", "constant or cosine (after warmup)", &R::lr_schedule},
-      {"warmup-steps", "optim", "linear warmup steps", &R::warmup_steps},
-      {"min-lr-ratio", "optim", "cosine floor as a fraction of lr", &R::min_lr_ratio},
-      {"grad-clip", "optim", "max global gradient norm; 0 = off", &R::grad_clip},
-      {"grad-accum", "optim", "micro-batches per optimizer step", &R::grad_accum},
-      {"fused-optimizer", "optim", "Adam/AdamW fused over one flat parameter buffer", &R::fused_optimizer},
-      {"batch-size", "optim", "sequences per micro-batch", &R::batch_size},
-      {"epochs", "optim", "epochs", &R::epochs},
-      {"steps-per-epoch", "optim", "optimizer steps per epoch", &R::steps_per_epoch},
-      {"seed", "run", "seed for weights, data and dropout", &R::seed},
-      {"device", "run", "auto, cpu, cuda or cuda:N", &R::device},
-      {"bf16", "run", "bf16 autocast (CUDA only)", &R::bf16},
-      {"threads", "run", "CPU threads for LibTorch and OpenBLAS; 0 = their defaults", &R::threads},
-      {"log-every", "run", "steps between progress lines", &R::log_every},
-      {"eval-every", "run", "steps between validations; 0 = once per epoch", &R::eval_every},
-      {"eval-batches", "run", "batches per validation", &R::eval_batches},
-      {"out-dir", "run", "directory for checkpoints and metrics.jsonl", &R::out_dir},
-      {"save-every", "run", "steps between checkpoints; 0 = once per epoch", &R::save_every},
-      {"keep-last", "run", "step checkpoints to keep (best.ckpt is extra)", &R::keep_last},
-      {"stop-when-solved", "run", "stop once validation accuracy is 100% and loss < solve-loss", &R::stop_when_solved},
-      {"solve-loss", "run", "validation loss below which a solved task may stop", &R::solve_loss},
-  };
-  return fields;
+RunConfig::RunConfig() : model_options(fields().model_defaults) {}
+
+int64_t RunConfig::effective_context() const {
+  auto it = model_options.find("context_length");
+  const int64_t c = it != model_options.end() && std::holds_alternative<int64_t>(it->second)
+                        ? std::get<int64_t>(it->second)
+                        : 0;
+  return c > 0 ? c : seq_len;
 }
+
+void RunConfig::set(const std::string& key, OptionValue value) {
+  const ConfigField* f = find_config_field(key);
+  TORCH_CHECK(f, "the run config has no key '", internal::printable(key), "'", suggestion(key));
+  value = coerce(*f, std::move(value));
+  TORCH_CHECK(type_of(value) == f->type, "'", key, "' must be ", to_string(f->type), ", got ",
+              to_string(type_of(value)));
+  f->set(*this, value);
+}
+
+const std::vector<ConfigField>& config_fields() { return fields().list; }
 
 const ConfigField* find_config_field(const std::string& name) {
   for (const auto& f : config_fields()) {
@@ -144,27 +258,23 @@ const ConfigField* find_config_field(const std::string& name) {
   return nullptr;
 }
 
-void copy_field(const ConfigField& field, const RunConfig& from, RunConfig& to) {
-  std::visit([&](auto member) { to.*member = from.*member; }, field.member);
-}
+void copy_field(const ConfigField& field, const RunConfig& from, RunConfig& to) { field.set(to, field.get(from)); }
 
 std::string field_value_string(const ConfigField& field, const RunConfig& config) {
-  return std::visit(
-      [&](auto member) -> std::string {
-        const auto& v = config.*member;
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
-        else if constexpr (std::is_same_v<T, double>) return format_double(v);
-        else return quote(v);
-      },
-      field.member);
+  const OptionValue v = field.get(config);
+  switch (v.index()) {
+    case 0: return std::get<bool>(v) ? "true" : "false";
+    case 1: return std::to_string(std::get<int64_t>(v));
+    case 2: return format_double(std::get<double>(v));
+    default: return quote(std::get<std::string>(v));
+  }
 }
 
 std::string to_toml(const RunConfig& config) {
   std::ostringstream os;
   std::string group;
   for (const auto& f : config_fields()) {
+    if (!f.written) continue;
     if (group != f.group) {
       os << (group.empty() ? "" : "\n") << "# ---- " << f.group << "\n";
       group = f.group;
@@ -189,30 +299,17 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
     }
     TORCH_CHECK(field, origin, ": unknown key '", internal::printable(key), "'", suggestion(key));
     const auto& value = entry.value;
-    std::visit(
-        [&](auto member) {
-          auto& v = config.*member;
-          using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            TORCH_CHECK(std::holds_alternative<bool>(value), origin, ":", line, ": '", key,
-                        "' must be true or false, got ", entry.type);
-            v = std::get<bool>(value);
-          } else if constexpr (std::is_same_v<T, int64_t>) {
-            TORCH_CHECK(std::holds_alternative<int64_t>(value), origin, ":", line, ": '", key,
-                        "' must be an integer, got ", entry.type);
-            v = std::get<int64_t>(value);
-          } else if constexpr (std::is_same_v<T, double>) {
-            TORCH_CHECK(std::holds_alternative<double>(value) || std::holds_alternative<int64_t>(value), origin,
-                        ":", line, ": '", key, "' must be a number, got ", entry.type);
-            v = std::holds_alternative<double>(value) ? std::get<double>(value)
-                                                      : static_cast<double>(std::get<int64_t>(value));
-          } else {
-            TORCH_CHECK(std::holds_alternative<std::string>(value), origin, ":", line, ": '", key,
-                        "' must be a string (in quotes), got ", entry.type);
-            v = std::get<std::string>(value);
-          }
-        },
-        field->member);
+    OptionValue v;
+    if (std::holds_alternative<bool>(value)) v = std::get<bool>(value);
+    else if (std::holds_alternative<int64_t>(value)) v = std::get<int64_t>(value);
+    else if (std::holds_alternative<double>(value)) v = std::get<double>(value);
+    else if (std::holds_alternative<std::string>(value)) v = std::get<std::string>(value);
+    const bool known_type = !std::holds_alternative<std::monostate>(value);
+    if (known_type) v = coerce(*field, v);
+    static const char* const wanted[] = {"true or false", "an integer", "a number", "a string (in quotes)"};
+    TORCH_CHECK(known_type && type_of(v) == field->type, origin, ":", line, ": '", key, "' must be ",
+                wanted[static_cast<int>(field->type)], ", got ", entry.type);
+    field->set(config, v);
     set.push_back(key);
   }
   return set;
@@ -225,36 +322,25 @@ std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& p
 }
 
 void validate(const RunConfig& c) {
-  check_one_of("model", c.model, {"tiny", "transformer"});
-  check_one_of("task", c.task, {"repeat", "copy", "reverse", "sort", "text", "tokens"});
-  check_one_of("positions", c.positions, {"learned", "sinusoidal", "none"});
-  check_one_of("activation", c.activation, {"gelu-tanh", "gelu"});
-  check_one_of("optimizer", c.optimizer, {"adam", "adamw"});
-  check_one_of("lr-schedule", c.lr_schedule, {"constant", "cosine"});
-  TORCH_CHECK(c.vocab_size >= 2, "vocab-size must be >= 2, got ", c.vocab_size);
-  TORCH_CHECK(c.d_model >= 1, "d-model must be >= 1, got ", c.d_model);
-  TORCH_CHECK(c.n_heads >= 1, "n-heads must be >= 1, got ", c.n_heads);
-  TORCH_CHECK(c.d_model % c.n_heads == 0, "d-model ", c.d_model, " must be divisible by n-heads ",
-              c.n_heads);
-  TORCH_CHECK(c.model != "tiny" || c.d_model % 2 == 0,
-              "d-model must be even for the tiny model (sinusoidal positions), got ", c.d_model);
-  TORCH_CHECK(c.n_layers >= 1, "n-layers must be >= 1, got ", c.n_layers);
-  TORCH_CHECK(c.mlp_expansion >= 1, "mlp-expansion must be >= 1, got ", c.mlp_expansion);
-  TORCH_CHECK(c.dropout >= 0 && c.dropout < 1, "dropout must be in [0, 1), got ", c.dropout);
-  TORCH_CHECK(c.attn_dropout >= 0 && c.attn_dropout < 1, "attn-dropout must be in [0, 1), got ",
-              c.attn_dropout);
+  for (const auto& f : config_fields())
+    if (!f.choices.empty()) check_one_of(f.name.c_str(), std::get<std::string>(f.get(c)), f.choices);
+  const int64_t context = std::get<int64_t>(c.model_options.count("context_length")
+                                                ? c.model_options.at("context_length")
+                                                : OptionValue(int64_t{0}));
+  TORCH_CHECK(context >= 0, "context-length must be >= 0 (0 = seq-len), got ", context);
   TORCH_CHECK(c.seq_len >= 1, "seq-len must be >= 1, got ", c.seq_len);
-  TORCH_CHECK(c.context_length >= 0, "context-length must be >= 0 (0 = seq-len), got ",
-              c.context_length);
-  TORCH_CHECK(c.effective_context() >= c.seq_len, "context-length ", c.context_length,
-              " is shorter than seq-len ", c.seq_len);
+  // The model's own rules, each stated once by its kind, in the config's spelling.
+  std::vector<std::string> unknown;
+  nn::find_model_kind(c.model).check(model_architecture(c), Spelling::config, &unknown);
+  TORCH_CHECK(c.effective_context() >= c.seq_len, "context-length ", context, " is shorter than seq-len ",
+              c.seq_len);
   if (c.task == "copy" || c.task == "reverse" || c.task == "sort") {
     TORCH_CHECK(c.seq_len >= 3, "task ", c.task, " needs seq-len >= 3, got ", c.seq_len);
   }
   if (c.task == "text") {
     TORCH_CHECK(!c.data.empty(), "task text needs a training file: set data = \"path/to/file.txt\"");
-    TORCH_CHECK(c.vocab_size == 256, "task text is byte-level: vocab-size must be 256, got ",
-                c.vocab_size);
+    TORCH_CHECK(c.get<int64_t>("vocab-size") == 256, "task text is byte-level: vocab-size must be 256, got ",
+                c.get<int64_t>("vocab-size"));
     TORCH_CHECK(c.val_fraction > 0 && c.val_fraction < 1, "val-fraction must be in (0, 1), got ",
                 c.val_fraction);
   }

@@ -3,6 +3,7 @@
 #include <tinylm/error.h>
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/log.h>
+#include <tinylm/nn/model_kind.h>
 #include <tinylm/run.h>
 #include <tinylm/train/resources.h>
 
@@ -14,25 +15,29 @@
 namespace tinylm {
 
 nn::ModelArchitecture model_architecture(const RunConfig& c) {
-  const auto kernel = c.fused_attention ? nn::AttentionKernel::automatic : nn::AttentionKernel::plain;
-  if (c.model == "tiny") {
-    return nn::architecture_of(
-        nn::TinyAttentionLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads)
-            .attention_kernel(kernel));
+  const auto& kind = nn::find_model_kind(c.model);
+  nn::ModelArchitecture a{kind.name, kind.version, {}};
+  for (const auto& o : kind.options) {
+    auto it = c.model_options.find(o.name);
+    TORCH_CHECK(it != c.model_options.end(), "the run config holds no value for ", spell(o.name, Spelling::config),
+                ", an option of the ", kind.name, " model");
+    a.options[o.name] = o.name == "context_length" ? std::to_string(c.effective_context()) : option_text(it->second);
   }
-  TORCH_CHECK(c.model == "transformer", "unknown model '", c.model, "': use tiny or transformer");
-  return nn::architecture_of(
-             nn::TransformerLMOptions(c.vocab_size, c.effective_context(), c.d_model, c.n_heads,
-                                      c.n_layers)
-                 .mlp_expansion(c.mlp_expansion)
-                 .dropout(c.dropout)
-                 .attn_dropout(c.attn_dropout)
-                 .bias(c.bias)
-                 .pre_ln(c.pre_ln)
-                 .activation(nn::activation_from_string(c.activation))
-                 .tie_weights(c.tie_weights)
-                 .positions(nn::position_encoding_from_string(c.positions))
-                 .attention_kernel(kernel));
+  return a;
+}
+
+void set_model(RunConfig& c, const nn::ModelArchitecture& a) {
+  const auto& kind = nn::find_model_kind(a.kind);
+  const int64_t context = c.effective_context();
+  const auto before = c.model_options;
+  c.model = kind.name;
+  for (const auto& o : kind.options) {
+    auto it = a.options.find(o.name);
+    if (it != a.options.end()) c.model_options[o.name] = parse_option_text(o, it->second, "a " + kind.name + " architecture");
+  }
+  // A context the config already gives (0 = seq-len) stays written as it was.
+  if (c.effective_context() == context && before.count("context_length"))
+    c.model_options["context_length"] = before.at("context_length");
 }
 
 nn::LanguageModel build_model(const RunConfig& c) {
@@ -46,9 +51,9 @@ nn::LanguageModel build_model(const RunConfig& c) {
 }
 
 std::unique_ptr<data::Task> make_task(const RunConfig& c) {
-  if (c.task == "repeat") return std::make_unique<data::RepeatTask>(c.seq_len, c.vocab_size);
+  if (c.task == "repeat") return std::make_unique<data::RepeatTask>(c.seq_len, c.get<int64_t>("vocab-size"));
   if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
-    return std::make_unique<data::SequenceTransformTask>(c.task, c.seq_len, c.vocab_size);
+    return std::make_unique<data::SequenceTransformTask>(c.task, c.seq_len, c.get<int64_t>("vocab-size"));
   if (c.task == "text") return std::make_unique<data::TextTask>(c.data, c.seq_len, c.val_fraction);
   if (c.task == "tokens") return std::make_unique<data::TokenFileTask>(c.data, c.seq_len);
   TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort, text or tokens");
@@ -99,9 +104,9 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   // Before anything large is allocated: a run that cannot fit is refused here.
   check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
   std::shared_ptr<data::Task> task = make_task(c);
-  TORCH_CHECK(task->vocab_size() == c.vocab_size, "task ", task->name(), " has vocab ",
-              task->vocab_size(), " but vocab-size is ", c.vocab_size, ": set vocab-size = ",
-              task->vocab_size());
+  const auto vocab = c.get<int64_t>("vocab-size");
+  TORCH_CHECK(task->vocab_size() == vocab, "task ", task->name(), " has vocab ", task->vocab_size(),
+              " but vocab-size is ", vocab, ": set vocab-size = ", task->vocab_size());
   return train::Trainer(build_model(c), std::move(task), std::move(options));
 }
 
@@ -112,6 +117,8 @@ RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
   for (const auto& key : unknown)
     logger()->warn("checkpoint '{}': its stored config sets '{}', which this tinylm does not know: "
                    "ignored", ck.path, internal::printable(key));
+  // The model is the one the checkpoint stores; its recipe is how it came about.
+  if (!ck.architecture.kind.empty()) set_model(c, ck.architecture);
   validate(c);
   return c;
 }

@@ -10,7 +10,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <string>
 
@@ -18,17 +17,26 @@ namespace tinylm {
 
 train::MemoryEstimate estimate_memory(const RunConfig& c, int64_t batch_size, bool training, bool on_cuda) {
   // Everything in double: a mistyped 1e9 must give a huge number, not an overflow.
-  const double V = c.vocab_size, D = c.d_model, H = c.n_heads, T = c.seq_len,
-               C = c.effective_context(), B = batch_size, e = c.mlp_expansion, L = c.n_layers;
+  // A kind without one of these options counts as not having what it sizes.
+  auto option = [&](const char* key, double otherwise) {
+    auto it = c.model_options.find(key);
+    return it != c.model_options.end() && std::holds_alternative<int64_t>(it->second)
+               ? static_cast<double>(std::get<int64_t>(it->second))
+               : otherwise;
+  };
+  const double V = option("vocab_size", 0), D = option("d_model", 0), H = option("n_heads", 1), T = c.seq_len,
+               C = c.effective_context(), B = batch_size, e = option("mlp_expansion", 4), L = option("n_layers", 1);
   const bool tiny = c.model == "tiny";
   const double layers = tiny ? 1 : L;
+  auto positions = c.model_options.find("positions");
+  const bool sinusoidal = tiny || (positions != c.model_options.end() && positions->second == OptionValue(std::string("sinusoidal")));
   train::MemoryEstimate m;
   m.parameters = nn::parameter_elements(model_architecture(c));  // the model's own count
   // Weights; in training also their gradients and Adam's two moments.
   m.parameter_bytes = 4 * m.parameters * (training ? 4 : 1);
   // The causal mask of the step-by-step attention (T x T bool, made per call), and the
   // sinusoidal rows, kept for the longest length run (grown by doubling: under 2T rows).
-  m.buffer_bytes = T * T + ((tiny || c.positions == "sinusoidal") ? 4 * std::min(C, 2 * T) * D : 0);
+  m.buffer_bytes = T * T + (sinusoidal ? 4 * std::min(C, 2 * T) * D : 0);
   // Training keeps, per token and layer, at least the block's inputs, q/k/v, the
   // attention context and output and the MLP's hidden activations, per (row, head) the
   // T x T attention weights, and at the top the logits and their gradient. Inference
@@ -56,48 +64,35 @@ train::MemoryEstimate estimate_memory(const RunConfig& c, int64_t batch_size, bo
   return m;
 }
 
-namespace {
-
-/// The settings the estimate grows with, and their defaults.
-struct Knob {
-  const char* name;
-  int64_t RunConfig::*member;
-};
-constexpr std::array<Knob, 8> kKnobs = {{{"batch-size", &RunConfig::batch_size},
-                                         {"seq-len", &RunConfig::seq_len},
-                                         {"context-length", &RunConfig::context_length},
-                                         {"n-layers", &RunConfig::n_layers},
-                                         {"d-model", &RunConfig::d_model},
-                                         {"n-heads", &RunConfig::n_heads},
-                                         {"vocab-size", &RunConfig::vocab_size},
-                                         {"mlp-expansion", &RunConfig::mlp_expansion}}};
-
-}  // namespace
-
 void check_memory(const RunConfig& c, int64_t batch_size, bool training, bool on_cuda) {
   const uint64_t available = train::available_memory_bytes();
   if (available == 0) return;
   const auto m = estimate_memory(c, batch_size, training, on_cuda);
   if (m.total() <= static_cast<double>(available)) return;
-  // Blame the setting whose default value would shrink the estimate the most.
+  // Blame the setting whose default value would shrink the estimate the most: the batch,
+  // the sequence, or one of the model's whole-number options.
   const RunConfig defaults;
-  const char* culprit = nullptr;
+  std::string culprit;
   int64_t value = 0;
   double best = m.total();
-  for (const auto& k : kKnobs) {
-    if (c.*k.member == defaults.*k.member) continue;
-    RunConfig smaller = c;
-    smaller.*k.member = defaults.*k.member;
-    if (k.member == &RunConfig::seq_len && smaller.context_length > 0 &&
-        smaller.context_length < smaller.seq_len)
+  for (const auto& f : config_fields()) {
+    if (f.type != OptionType::integer || (f.group != "model" && f.name != "batch-size" && f.name != "seq-len") ||
+        f.get(c) == f.get(defaults))
       continue;
-    const bool is_batch = k.member == &RunConfig::batch_size;
-    const double t = estimate_memory(smaller, is_batch ? defaults.batch_size : batch_size, training,
-                                     on_cuda).total();
-    if (t < best) best = t, culprit = k.name, value = c.*k.member;
+    RunConfig smaller = c;
+    f.set(smaller, f.get(defaults));
+    if (smaller.effective_context() < smaller.seq_len) continue;
+    const bool is_batch = f.name == "batch-size";
+    double t = best;
+    try {
+      t = estimate_memory(smaller, is_batch ? defaults.batch_size : batch_size, training, on_cuda).total();
+    } catch (const c10::Error&) {
+      continue;  // that default breaks one of the model's rules with the others (d-model and n-heads)
+    }
+    if (t < best) best = t, culprit = f.name, value = std::get<int64_t>(f.get(c));
   }
-  if (!culprit && batch_size != c.batch_size) culprit = "batch-size", value = batch_size;
-  std::string what = culprit ? std::string(culprit) + " " + std::to_string(value) : "this run";
+  if (culprit.empty() && batch_size != c.batch_size) culprit = "batch-size", value = batch_size;
+  std::string what = !culprit.empty() ? culprit + " " + std::to_string(value) : "this run";
   TORCH_CHECK(false, what, " needs about ", internal::human_bytes(m.total()), " of memory (",
               static_cast<int64_t>(std::min(m.parameters, 9e18)), " parameters: ",
               internal::human_bytes(m.parameter_bytes), "; activations of one batch: ",
@@ -105,7 +100,7 @@ void check_memory(const RunConfig& c, int64_t batch_size, bool training, bool on
               internal::human_bytes(m.buffer_bytes),
               m.data_bytes > 0 ? "; data: " + internal::human_bytes(m.data_bytes) : std::string(),
               "), but ", internal::human_bytes(static_cast<double>(available)),
-              " is available: ", culprit ? "lower " + std::string(culprit) : std::string("make the model or batch smaller"));
+              " is available: ", !culprit.empty() ? "lower " + culprit : std::string("make the model or batch smaller"));
 }
 
 }  // namespace tinylm

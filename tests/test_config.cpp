@@ -3,6 +3,7 @@
 
 #include <tinylm/config.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,9 +15,9 @@ using tinylm::test::error_message;
 TEST_CASE("defaults are the reference run and validate", "[config]") {
   RunConfig c;
   CHECK(c.task == "repeat");
-  CHECK(c.vocab_size == 64);
-  CHECK(c.d_model == 32);
-  CHECK(c.n_heads == 4);
+  CHECK(c.get<int64_t>("vocab-size") == 64);
+  CHECK(c.get<int64_t>("d-model") == 32);
+  CHECK(c.get<int64_t>("n-heads") == 4);
   CHECK(c.seq_len == 12);
   CHECK(c.batch_size == 16);
   CHECK(c.total_steps() == 360);
@@ -29,13 +30,17 @@ TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
   RunConfig c;
   c.model = "transformer";
   c.lr = 3.0000000000000001e-4;
-  c.dropout = 0.1;
-  c.pre_ln = false;
+  c.set("dropout", 0.1);
+  c.set("pre-ln", false);
   c.data = "some \"quoted\" path\\x";
-  c.n_layers = 7;
+  c.set("n-layers", 7);
   RunConfig back;
   const auto keys = apply_toml(back, to_toml(c), "round-trip");
-  CHECK(keys.size() == config_fields().size());
+  // Every field but the older spellings that are read and never written.
+  const auto written = std::count_if(config_fields().begin(), config_fields().end(),
+                                     [](const ConfigField& f) { return f.written; });
+  CHECK(written == static_cast<long>(config_fields().size()) - 1);
+  CHECK(static_cast<long>(keys.size()) == written);
   for (const auto& f : config_fields()) {
     INFO(f.name);
     CHECK(field_value_string(f, back) == field_value_string(f, c));
@@ -75,9 +80,9 @@ TEST_CASE("validate names the field, the value and the rule", "[config][errors]"
   CHECK_THAT(bad([](RunConfig& c) { c.lr = 0; }), Catch::Contains("lr must be > 0, got 0"));
   CHECK_THAT(bad([](RunConfig& c) { c.task = "addition"; }),
              Catch::Contains("task must be one of repeat, copy, reverse, sort, text, tokens, got 'addition'"));
-  CHECK_THAT(bad([](RunConfig& c) { c.n_heads = 3; }),
+  CHECK_THAT(bad([](RunConfig& c) { c.set("n-heads", 3); }),
              Catch::Contains("d-model 32 must be divisible by n-heads 3"));
-  CHECK_THAT(bad([](RunConfig& c) { c.context_length = 4; }),
+  CHECK_THAT(bad([](RunConfig& c) { c.set("context-length", 4); }),
              Catch::Contains("context-length 4 is shorter than seq-len 12"));
   CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; }),
              Catch::Contains("task text needs a training file"));

@@ -34,29 +34,29 @@ TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
 
 TEST_CASE("model_architecture carries the config's model settings", "[run]") {
   RunConfig c;
-  c.context_length = 20;
-  c.fused_attention = false;
+  c.set("context-length", 20);
+  c.set("fused-attention", false);
   auto tiny = model_architecture(c);
   CHECK(tiny.kind == "tiny");
   CHECK(tiny.options == nn::architecture_of(nn::TinyAttentionLMOptions(64, 20, 32, 4)
                                                 .attention_kernel(nn::AttentionKernel::plain)).options);
   CHECK(tiny.options.at("context_length") == "20");
   CHECK(tiny.options.at("attention_kernel") == nn::to_string(nn::AttentionKernel::plain));
-  c.fused_attention = true;
+  c.set("fused-attention", true);
   CHECK(model_architecture(c).options.at("attention_kernel") == nn::to_string(nn::AttentionKernel::automatic));
 
   c.model = "transformer";
-  c.context_length = 0;  // = seq-len
+  c.set("context-length", 0);  // = seq-len
   c.seq_len = 10;
-  c.n_layers = 3;
-  c.mlp_expansion = 2;
-  c.dropout = 0.25;
-  c.attn_dropout = 0.125;
-  c.bias = false;
-  c.pre_ln = false;
-  c.activation = "gelu";
-  c.tie_weights = false;
-  c.positions = "sinusoidal";
+  c.set("n-layers", 3);
+  c.set("mlp-expansion", 2);
+  c.set("dropout", 0.25);
+  c.set("attn-dropout", 0.125);
+  c.set("bias", false);
+  c.set("pre-ln", false);
+  c.set("activation", "gelu");
+  c.set("tie-weights", false);
+  c.set("positions", "sinusoidal");
   auto deep = model_architecture(c);
   CHECK(deep.kind == "transformer");
   CHECK(deep.options == nn::architecture_of(nn::TransformerLMOptions(64, 10, 32, 4, 3)
@@ -71,7 +71,8 @@ TEST_CASE("model_architecture carries the config's model settings", "[run]") {
                             .options);
   c.model = "mamba";
   CHECK_THAT(error_message([&] { model_architecture(c); }),
-             Catch::Contains("unknown model 'mamba': use tiny or transformer"));
+             Catch::Contains("cannot build a model of kind 'mamba': the kinds known are tiny, transformer"));
+  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("model must be one of tiny, transformer, got 'mamba'"));
 }
 
 TEST_CASE("build_model draws the run seed's weights and leaves the global generator alone", "[run]") {
@@ -96,7 +97,7 @@ TEST_CASE("build_model draws the run seed's weights and leaves the global genera
   c.seed = 8;
   CHECK_FALSE(torch::equal(build_model(c)->named_parameters()["token_embedding.weight"],
                            pa["token_embedding.weight"]));
-  c.n_heads = 5;  // the config is validated first
+  c.set("n-heads", 5);  // the config is validated first
   CHECK_THAT(error_message([&] { build_model(c); }), Catch::Contains("d-model 32 must be divisible by n-heads 5"));
 }
 
@@ -182,7 +183,7 @@ TEST_CASE("make_trainer builds the config's run and refuses a task of another vo
   c.out_dir = (dir / "run").string();
   CHECK_THAT(error_message([&] { make_trainer(c); }),
              Catch::Contains("task tokens has vocab 256 but vocab-size is 64: set vocab-size = 256"));
-  c.vocab_size = 256;
+  c.set("vocab-size", 256);
   auto trainer = make_trainer(c);
   CHECK(trainer.model()->vocab_size() == 256);
   CHECK(trainer.model()->architecture().options == model_architecture(c).options);
@@ -197,7 +198,7 @@ TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this ti
           "[run][checkpoint]") {
   RunConfig c;
   c.model = "transformer";
-  c.n_layers = 3;
+  c.set("n-layers", 3);
   c.lr = 1e-3;
   train::Checkpoint ck;
   ck.path = "stored.ckpt";

@@ -44,17 +44,8 @@ int run_import(const ImportArgs& a) {
   // The recipe a resumed run starts from: the model as imported, the repeat task (give
   // --task and --data when resuming to train on text).
   RunConfig cfg;
-  cfg.model = "transformer";
-  cfg.vocab_size = o.vocab_size();
-  cfg.d_model = o.d_model();
-  cfg.n_heads = o.n_heads();
-  cfg.n_layers = o.n_layers();
-  cfg.context_length = o.context_length();
-  cfg.activation = "gelu";
-  cfg.bias = o.bias();
-  cfg.tie_weights = o.tie_weights();
+  set_model(cfg, model->architecture());  // every option as imported
   cfg.seq_len = o.context_length();  // fine-tuning trains on the model's whole context
-  cfg.dropout = o.dropout();
   cfg.optimizer = "adamw";           // nanoGPT's (any optimizer may be chosen: no state is stored)
   cfg.out_dir = std::filesystem::path(a.out).has_parent_path()
                     ? std::filesystem::path(a.out).parent_path().string() : ".";

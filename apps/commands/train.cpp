@@ -58,7 +58,7 @@ std::string shape(const torch::Tensor& t) {
 }
 
 struct TrainArgs {
-  RunConfig flags;  // values bound to --name options (only those given are used)
+  std::map<std::string, OptionValue> flags;  // values bound to --name options (only those given are used)
   std::map<std::string, CLI::Option*> given;
   std::string config_path;
   std::string resume;
@@ -71,22 +71,20 @@ struct TrainArgs {
 };
 
 void add_config_options(CLI::App& cmd, TrainArgs& args) {
+  const RunConfig defaults;
   for (const auto& f : config_fields()) {
-    const std::string name = std::string("--") + f.name;
-    const std::string help = std::string(f.help) + " [" + field_value_string(f, RunConfig{}) + "]";
-    CLI::Option* opt = std::visit(
-        [&](auto member) -> CLI::Option* {
-          auto& v = args.flags.*member;
-          using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            return cmd.add_flag(name + ",!--no-" + f.name, v, help);
-          } else if constexpr (std::is_same_v<T, int64_t>) {
-            return integer(cmd.add_option(name, v, help));
-          } else {
-            return cmd.add_option(name, v, help);
-          }
-        },
-        f.member);
+    const std::string name = "--" + f.name;
+    std::string help = f.help;
+    if (f.written) help += " [" + field_value_string(f, defaults) + "]";
+    // Each option binds a value of its field's type; only those given are copied over.
+    OptionValue& v = args.flags[f.name] = f.get(defaults);
+    CLI::Option* opt = nullptr;
+    switch (f.type) {
+      case OptionType::boolean: opt = cmd.add_flag(name + ",!--no-" + f.name, std::get<bool>(v), help); break;
+      case OptionType::integer: opt = integer(cmd.add_option(name, std::get<int64_t>(v), help)); break;
+      case OptionType::real: opt = cmd.add_option(name, std::get<double>(v), help); break;
+      case OptionType::text: opt = cmd.add_option(name, std::get<std::string>(v), help); break;
+    }
     opt->group(std::string("Run config (") + f.group + ")");
     args.given[f.name] = opt;
   }
@@ -98,7 +96,7 @@ RunConfig effective_config(const TrainArgs& args, RunConfig base, bool* out_dir_
   std::vector<std::string> from_file;
   if (!args.config_path.empty()) from_file = apply_toml_file(base, args.config_path);
   for (const auto& f : config_fields()) {
-    if (args.given.at(f.name)->count() > 0) copy_field(f, args.flags, base);
+    if (args.given.at(f.name)->count() > 0) f.set(base, args.flags.at(f.name));
   }
   if (out_dir_chosen) {
     *out_dir_chosen = args.given.at("out-dir")->count() > 0 ||
@@ -155,7 +153,7 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
             nn::count_parameters(model), device.str(), at::get_num_threads());
   if (device.is_cpu()) log->info("cpu kernels: {}", nn::cpu_kernels_description());
   log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
-            cfg.task, cfg.vocab_size, cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.epochs,
+            cfg.task, cfg.get<int64_t>("vocab-size"), cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.epochs,
             cfg.steps_per_epoch, cfg.optimizer, cfg.lr);
 }
 

@@ -1,10 +1,18 @@
-// The run configuration: model, task, optimisation and run settings in one flat struct.
-// Every field has one name, used as the TOML key, the long command-line option
-// (--name) and in the config stored inside each checkpoint.
+// The run configuration: model, task, optimisation and run settings in one flat set of
+// keys. Every field has one name, used as the TOML key, the long command-line option
+// (--name) and in the config stored inside each checkpoint; the model's keys are those
+// its kind declares (nn::ModelKind), not a second list.
 #pragma once
 
+#include <tinylm/spec.h>
+
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -13,22 +21,13 @@ namespace tinylm {
 /// Defaults reproduce the reference training run: repeat task, vocab 64, d_model 32,
 /// 4 heads, seq_len 12, batch 16, 3 epochs x 120 steps, Adam lr 5e-3, seed 42.
 struct RunConfig {
-  // ---- model
-  std::string model = "tiny";        // tiny (the reference TinyAttentionLM) | transformer
-  int64_t vocab_size = 64;
-  int64_t d_model = 32;
-  int64_t n_heads = 4;
-  int64_t n_layers = 2;              // transformer only
-  int64_t context_length = 0;        // 0 = seq_len
-  std::string positions = "learned"; // transformer only: learned | sinusoidal | none
-  bool pre_ln = true;                // transformer only
-  std::string activation = "gelu-tanh";  // transformer only: gelu-tanh | gelu (exact, nanoGPT's)
-  bool tie_weights = true;           // transformer only
-  double dropout = 0.0;              // transformer only: embeddings and residual branches
-  double attn_dropout = 0.0;         // transformer only
-  bool bias = true;                  // transformer only
-  int64_t mlp_expansion = 4;         // transformer only
-  bool fused_attention = true;       // fused CPU attention kernel where it applies
+  RunConfig();
+
+  // ---- model: a registered kind (nn::find_model_kind) and the options of every kind,
+  // by their stored names (d_model). Each kind declares its options once (its spec);
+  // config_fields() makes a key of each, and model_architecture() hands a kind its own.
+  std::string model = "tiny";  // tiny (the reference TinyAttentionLM) | transformer | a registered kind
+  std::map<std::string, OptionValue> model_options;
   // ---- task
   std::string task = "repeat";       // repeat | copy | reverse | sort | text | tokens
   int64_t seq_len = 12;
@@ -64,22 +63,50 @@ struct RunConfig {
   double solve_loss = 0.01;          // solved = 100% validation accuracy and loss below this
 
   int64_t total_steps() const { return epochs * steps_per_epoch; }
-  int64_t effective_context() const { return context_length > 0 ? context_length : seq_len; }
+  /// The model's context: context-length, or seq-len where that is 0.
+  int64_t effective_context() const;
+
+  /// Any field by its key (d-model, lr ...): get<T> throws naming the key when it is not
+  /// a T; set() takes a value of the field's type (an int for an integer or a real).
+  template <typename T>
+  T get(const std::string& key) const;
+  void set(const std::string& key, OptionValue value);
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>>>
+  void set(const std::string& key, T value) {
+    if constexpr (std::is_integral_v<T>) set(key, OptionValue(static_cast<int64_t>(value)));
+    else set(key, OptionValue(static_cast<double>(value)));
+  }
+  void set(const std::string& key, const char* value) { set(key, OptionValue(std::string(value))); }
+  void set(const std::string& key, bool value) { set(key, OptionValue(value)); }
 };
 
-/// One field of RunConfig, reachable on any instance through a member pointer.
+/// One field of RunConfig: its key (the TOML key, and the long option the CLI makes of
+/// it), its group, help, type and choices, and how to read and write it on any instance.
+/// The model group is made from the registered model kinds' specs.
 struct ConfigField {
-  using Member = std::variant<int64_t RunConfig::*, double RunConfig::*, bool RunConfig::*,
-                              std::string RunConfig::*>;
-  const char* name;   // "d-model": the TOML key, and the long option the CLI makes of it
-  const char* group;  // model | task | optim | run
-  const char* help;
-  Member member;
+  std::string name;   // "d-model"
+  std::string group;  // model | task | optim | run
+  std::string help;
+  OptionType type = OptionType::integer;
+  std::vector<std::string> choices;
+  bool written = true;  // false: an older key still read (fused-attention), never written
+  std::function<OptionValue(const RunConfig&)> get;
+  std::function<void(RunConfig&, const OptionValue&)> set;
 };
 
-/// Every field, in the order --print-config writes them.
+/// Every field, in the order --print-config writes them (model kinds registered after the
+/// first call are not among them).
 const std::vector<ConfigField>& config_fields();
 const ConfigField* find_config_field(const std::string& name);
+
+template <typename T>
+T RunConfig::get(const std::string& key) const {
+  const ConfigField* f = find_config_field(key);
+  TORCH_CHECK(f, "the run config has no key '", key, "'");
+  const OptionValue v = f->get(*this);
+  TORCH_CHECK(std::holds_alternative<T>(v), "'", key, "' is ", to_string(type_of(v)), ", not the type asked for");
+  return std::get<T>(v);
+}
 
 /// Throws with the field's name, its value and the rule when a value is invalid.
 void validate(const RunConfig& config);

@@ -15,8 +15,13 @@
 
 namespace tinylm {
 
-/// The model a run config describes (model = tiny | transformer), as an architecture.
+/// The model a run config describes, as an architecture: its kind's options, each from
+/// the config (context-length 0 made seq-len). Not validated (validate() checks it).
 nn::ModelArchitecture model_architecture(const RunConfig& config);
+
+/// model_architecture()'s inverse: the config's model becomes that architecture's kind
+/// with every option it stores (each read as its kind declares it).
+void set_model(RunConfig& config, const nn::ModelArchitecture& architecture);
 
 /// That model, on the CPU, its weights drawn from a generator seeded by config.seed.
 /// LibTorch's global generator is left as it was.
@@ -33,9 +38,10 @@ train::TrainerOptions trainer_options(const RunConfig& config);
 train::Trainer make_trainer(const RunConfig& config,
                             std::shared_ptr<train::ProcessGroup> group = nullptr);
 
-/// The run config a checkpoint was trained with (its recipe). Keys this tinylm does not
-/// know (an option renamed or removed since) are skipped with a warning; the result is
-/// validated.
+/// The run config a checkpoint was trained with: its recipe (keys this tinylm does not
+/// know, an option renamed or removed since, are skipped with a warning), with the model
+/// set to the architecture it stores (set_model: the recipe is provenance, the
+/// architecture the truth). The result is validated.
 RunConfig config_from_checkpoint(const train::Checkpoint& checkpoint);
 
 /// The memory a run of `config` needs with micro-batches of `batch_size` rows (float32, a

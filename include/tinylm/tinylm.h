@@ -16,8 +16,10 @@
 #include <tinylm/nn/kernel_policy.h>
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
+#include <tinylm/nn/model_kind.h>
 #include <tinylm/report.h>
 #include <tinylm/run.h>
+#include <tinylm/spec.h>
 #include <tinylm/threads.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>

@@ -1,11 +1,13 @@
 // TinyAttentionLM (the reference) and TransformerLM (the block stack).
 // B = batch, T = sequence length, D = d_model, V = vocab size, L = layers
-// Over 400 lines on purpose: both model kinds with their architecture parser and
-// parameter count, which must agree with what the modules register.
+// Over 400 lines on purpose: both model kinds with their option specs and parameter
+// counts, which must agree with what the modules register.
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
+#include <tinylm/nn/model_kind.h>
 
 #include "internal/system.h"
+#include "nn/builtin_kinds.h"
 #include "nn/fused_tiny_lm.h"
 
 #include <c10/util/Type.h>
@@ -13,8 +15,6 @@
 
 #include <cmath>
 #include <functional>
-#include <optional>
-#include <sstream>
 #include <unordered_set>
 
 namespace tinylm::nn {
@@ -75,147 +75,38 @@ ModelArchitecture LanguageModelImpl::architecture() const {
   return {c10::demangle(typeid(*this).name()), 1, {}};
 }
 
-// ---- architectures ---------------------------------------------------------------
+// ---- the options, declared once -------------------------------------------------
 
 namespace {
 
-/// Reads options out of an architecture: each read marks its key; finish() warns about
-/// the keys nobody read (written by a newer tinylm) and names the model.
-class OptionReader {
- public:
-  explicit OptionReader(const ModelArchitecture& a) : a_(a) {}
-  template <typename Set>
-  void integer(const char* key, Set set) {
-    if (auto* v = find(key)) set(parse<int64_t>(key, *v, [](const std::string& s, size_t* n) { return std::stoll(s, n); }));
-  }
-  template <typename Set>
-  void real(const char* key, Set set) {
-    if (auto* v = find(key)) set(parse<double>(key, *v, [](const std::string& s, size_t* n) { return std::stod(s, n); }));
-  }
-  template <typename Set>
-  void boolean(const char* key, Set set) {
-    if (auto* v = find(key)) {
-      TORCH_CHECK(*v == "true" || *v == "false", "model option ", key, " = '", printable(*v),
-                  "' in a ", printable(a_.kind), " architecture is not true or false");
-      set(*v == "true");
-    }
-  }
-  template <typename Set>
-  void text(const char* key, Set set) {
-    if (auto* v = find(key)) set(*v);
-  }
-  void finish() const {
-    for (const auto& [key, value] : a_.options)
-      if (!read_.count(key))
-        logger()->warn("model option '{}' = '{}' of a {} model (version {}) is unknown to this "
-                       "tinylm (written by a newer one?): ignored", printable(key), printable(value),
-                       printable(a_.kind), a_.version);
-  }
-
- private:
-  const std::string* find(const char* key) {
-    read_.insert(key);
-    auto it = a_.options.find(key);
-    return it == a_.options.end() ? nullptr : &it->second;
-  }
-  template <typename T, typename Parse>
-  T parse(const char* key, const std::string& v, Parse p) {
-    size_t used = 0;
-    T out{};
-    try {
-      out = p(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK(used == v.size() && !v.empty(), "model option ", key, " = '", printable(v), "' in a ",
-                printable(a_.kind), " architecture is not a number");
-    return out;
-  }
-  const ModelArchitecture& a_;
-  std::unordered_set<std::string> read_;
-};
-
-/// Refuses, before anything is allocated, a model whose weights (float32) cannot fit in
-/// the memory this process has: an architecture read from a file must not exhaust it.
-/// Nothing else a model holds grows with its options: masks and sinusoidal rows are made
-/// for the lengths it is run at.
-void check_fits(const ModelArchitecture& a, double parameters) {
-  const double bytes = 4.0 * parameters;
-  const uint64_t available = internal::available_memory_bytes();
-  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", printable(a.kind),
-              " model with these options needs about ", internal::human_bytes(bytes),
-              " for its weights, but ", internal::human_bytes(static_cast<double>(available)),
-              " is available: lower vocab_size, context_length, d_model or n_layers");
-}
-
-std::string text_of(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-std::string text_of(bool v) { return v ? "true" : "false"; }
-std::string text_of(int64_t v) { return std::to_string(v); }
-
-}  // namespace
-
-namespace {
-
-/// The options an architecture of tinylm's own kinds describes, read and checked (no
-/// model built); `warn`: log the options this tinylm does not know.
-struct ParsedArchitecture {
-  std::optional<TinyAttentionLMOptions> tiny;
-  std::optional<TransformerLMOptions> transformer;
-};
-
-ParsedArchitecture parse_architecture(const ModelArchitecture& a, bool warn) {
-  TORCH_CHECK(a.kind == "tiny" || a.kind == "transformer", "cannot build a model of kind '", printable(a.kind),
-              "': tinylm builds tiny and transformer models; build yours in your own code and "
-              "load the checkpoint's weights into it with load_model_state");
-  TORCH_CHECK(a.version >= 1 && a.version <= 1, "a ", printable(a.kind), " model of option version ",
-              a.version, " is newer than this tinylm understands (version 1): upgrade tinylm");
-  OptionReader r(a);
-  int64_t V = 0, C = 0, D = 0, H = 0, L = 1;
-  r.integer("vocab_size", [&](int64_t v) { V = v; });
-  r.integer("context_length", [&](int64_t v) { C = v; });
-  r.integer("d_model", [&](int64_t v) { D = v; });
-  r.integer("n_heads", [&](int64_t v) { H = v; });
-  AttentionKernel kernel = AttentionKernel::automatic;
-  r.text("attention_kernel", [&](const std::string& v) { kernel = attention_kernel_from_string(v); });
-  ParsedArchitecture out;
-  if (a.kind == "tiny") {
-    TinyAttentionLMOptions o(V, C, D, H);
-    o.attention_kernel(kernel);
-    r.real("pos_base", [&](double v) { o.pos_base(v); });
-    out.tiny = o;
-  } else {
-    r.integer("n_layers", [&](int64_t v) { L = v; });
-    TransformerLMOptions o(V, C, D, H, L);
-    o.attention_kernel(kernel);
-    r.integer("mlp_expansion", [&](int64_t v) { o.mlp_expansion(v); });
-    r.real("dropout", [&](double v) { o.dropout(v); });
-    r.real("attn_dropout", [&](double v) { o.attn_dropout(v); });
-    r.boolean("bias", [&](bool v) { o.bias(v); });
-    r.boolean("pre_ln", [&](bool v) { o.pre_ln(v); });
-    r.text("activation", [&](const std::string& v) { o.activation(activation_from_string(v)); });
-    r.boolean("tie_weights", [&](bool v) { o.tie_weights(v); });
-    r.text("positions", [&](const std::string& v) { o.positions(position_encoding_from_string(v)); });
-    r.real("pos_base", [&](double v) { o.pos_base(v); });
-    out.transformer = o;
-  }
-  if (warn) r.finish();
+std::vector<std::pair<std::string, AttentionKernel>> kernel_names() {
+  std::vector<std::pair<std::string, AttentionKernel>> out;
+  for (auto k : {AttentionKernel::automatic, AttentionKernel::plain, AttentionKernel::fused, AttentionKernel::sdpa})
+    out.emplace_back(to_string(k), k);
   return out;
+}
+
+// Rules both kinds state about their heads and positions.
+template <typename O>
+std::string heads_divide_width(const O& o, Spelling s) {
+  if (o.n_heads() < 1 || o.d_model() % o.n_heads() == 0) return "";
+  return c10::str(spell("d_model", s), " ", o.d_model(), " must be divisible by ", spell("n_heads", s), " ",
+                  o.n_heads());
+}
+std::string even_width_for_sinusoids(int64_t d_model, Spelling s) {
+  if (d_model % 2 == 0) return "";
+  return c10::str(spell("d_model", s), " must be even for sinusoidal positions, got ", d_model);
 }
 
 /// Parameter elements, in double (sizes read from a file may be absurd): what the
 /// modules below register, matrix by matrix.
-double parameter_elements(const TinyAttentionLMOptions& o) {
+double tiny_parameter_elements(const TinyAttentionLMOptions& o) {
   const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model());
   return v * d                  // token embedding
          + 4 * d * d + 4 * d    // qkv and output projections, with biases
          + d * v + v;           // lm_head, with bias
 }
-double parameter_elements(const TransformerLMOptions& o) {
+double transformer_parameter_elements(const TransformerLMOptions& o) {
   const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model()),
                c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
                e = static_cast<double>(o.mlp_expansion());
@@ -226,35 +117,72 @@ double parameter_elements(const TransformerLMOptions& o) {
          + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
 }
 
-int64_t exact_count(const ModelArchitecture& a, double elements) {
-  TORCH_CHECK(elements >= 0 && elements < 9e18, "a ", printable(a.kind), " model with these options would have ",
-              elements, " parameters, more than any model can");
-  return static_cast<int64_t>(elements);
-}
-
 }  // namespace
 
-int64_t parameter_count(const ModelArchitecture& a) {
-  const auto p = parse_architecture(a, /*warn=*/false);
-  // Exact once below 2^53; the checks upstream (vocab, d_model >= 1 ...) come at build time.
-  return p.tiny ? exact_count(a, parameter_elements(*p.tiny)) : exact_count(a, parameter_elements(*p.transformer));
+const OptionSpec<TinyAttentionLMOptions>& TinyAttentionLMOptions::spec() {
+  using O = TinyAttentionLMOptions;
+  static const auto spec = [] {
+    OptionSpec<O> s("TinyAttentionLM");
+    s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal positions' wavelengths", positive());
+    s.choice(TINYLM_OPTION(O, attention_kernel), kernel_names(),
+             "attention kernel: automatic (the fastest that applies, and the fused whole-model loss), "
+             "plain, fused or sdpa");
+    s.rule([](const O& o, Spelling sp) { return heads_divide_width(o, sp); });
+    s.rule([](const O& o, Spelling sp) { return even_width_for_sinusoids(o.d_model(), sp); });
+    return s;
+  }();
+  return spec;
 }
 
-double parameter_elements(const ModelArchitecture& a) {
-  const auto p = parse_architecture(a, /*warn=*/false);
-  return p.tiny ? parameter_elements(*p.tiny) : parameter_elements(*p.transformer);
+const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
+  using O = TransformerLMOptions;
+  static const auto spec = [] {
+    OptionSpec<O> s("TransformerLM");
+    s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, n_layers), "transformer blocks", at_least(1)).required();
+    s.add(TINYLM_OPTION(O, mlp_expansion), "MLP hidden width / d_model", at_least(1));
+    s.add(TINYLM_OPTION(O, dropout), "embedding and residual dropout", fraction());
+    s.add(TINYLM_OPTION(O, attn_dropout), "attention-weight dropout", fraction());
+    s.add(TINYLM_OPTION(O, bias), "biases in Linear layers");
+    s.add(TINYLM_OPTION(O, pre_ln), "pre-LN blocks; false = post-LN");
+    s.choice(TINYLM_OPTION(O, activation), {{to_string(Activation::gelu_tanh), Activation::gelu_tanh},
+                                            {to_string(Activation::gelu), Activation::gelu}},
+             "MLP GELU: gelu-tanh (tanh approximation) or gelu (exact, as nanoGPT)");
+    s.add(TINYLM_OPTION(O, tie_weights), "tie the LM head to the token embedding");
+    s.choice(TINYLM_OPTION(O, positions),
+             {{to_string(PositionEncoding::learned), PositionEncoding::learned},
+              {to_string(PositionEncoding::sinusoidal), PositionEncoding::sinusoidal},
+              {to_string(PositionEncoding::none), PositionEncoding::none}},
+             "positions: learned, sinusoidal or none");
+    s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal positions' wavelengths", positive());
+    s.choice(TINYLM_OPTION(O, attention_kernel), kernel_names(),
+             "attention kernel: automatic (the fastest that applies), plain, fused or sdpa");
+    s.rule([](const O& o, Spelling sp) { return heads_divide_width(o, sp); });
+    s.rule([](const O& o, Spelling sp) {
+      return o.positions() == PositionEncoding::sinusoidal ? even_width_for_sinusoids(o.d_model(), sp) : "";
+    });
+    return s;
+  }();
+  return spec;
 }
 
-LanguageModel build_model(const ModelArchitecture& a) {
-  const auto p = parse_architecture(a, /*warn=*/true);
-  if (p.tiny) {
-    const auto& o = *p.tiny;
-    check_fits(a, parameter_elements(o));
-    return std::make_shared<TinyAttentionLMImpl>(o);
-  }
-  const auto& o = *p.transformer;
-  check_fits(a, parameter_elements(o));
-  return std::make_shared<TransformerLMImpl>(o);
+std::vector<ModelKind> builtin_model_kinds() {
+  return {model_kind<TinyAttentionLMImpl>("tiny", 1,
+                                          "the reference TinyAttentionLM: embedding, sinusoidal positions, "
+                                          "one attention layer, LM head",
+                                          TinyAttentionLMOptions::spec(), TinyAttentionLMOptions(0, 0, 0, 0),
+                                          std::function<double(const TinyAttentionLMOptions&)>(tiny_parameter_elements)),
+          model_kind<TransformerLMImpl>("transformer", 1, "a GPT-2 style block stack",
+                                        TransformerLMOptions::spec(), TransformerLMOptions(0, 0, 0, 0, 0),
+                                        std::function<double(const TransformerLMOptions&)>(
+                                            transformer_parameter_elements))};
 }
 
 // ---- TinyAttentionLM -----------------------------------------------------------
@@ -265,8 +193,8 @@ TinyAttentionLMImpl::TinyAttentionLMImpl(const TinyAttentionLMOptions& options_)
 }
 
 void TinyAttentionLMImpl::reset() {
+  TinyAttentionLMOptions::spec().check(options);
   const int64_t V = options.vocab_size(), D = options.d_model(), C = options.context_length();
-  TORCH_CHECK(V >= 1, "TinyAttentionLM: vocab_size must be >= 1, got ", V);
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
   sinusoidal_positions = register_module(
       "sinusoidal_positions",
@@ -288,14 +216,7 @@ void TinyAttentionLMImpl::reset_parameters() {
 ModelArchitecture TinyAttentionLMImpl::architecture() const { return architecture_of(options); }
 
 ModelArchitecture architecture_of(const TinyAttentionLMOptions& options) {
-  return {"tiny",
-          1,
-          {{"vocab_size", text_of(options.vocab_size())},
-           {"context_length", text_of(options.context_length())},
-           {"d_model", text_of(options.d_model())},
-           {"n_heads", text_of(options.n_heads())},
-           {"pos_base", text_of(options.pos_base())},
-           {"attention_kernel", to_string(options.attention_kernel())}}};
+  return {"tiny", 1, TinyAttentionLMOptions::spec().write(options)};
 }
 
 torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
@@ -386,33 +307,13 @@ void TransformerLMImpl::set_kernel_policy(const KernelPolicy& policy) {
 ModelArchitecture TransformerLMImpl::architecture() const { return architecture_of(options); }
 
 ModelArchitecture architecture_of(const TransformerLMOptions& options) {
-  return {"transformer",
-          1,
-          {{"vocab_size", text_of(options.vocab_size())},
-           {"context_length", text_of(options.context_length())},
-           {"d_model", text_of(options.d_model())},
-           {"n_heads", text_of(options.n_heads())},
-           {"n_layers", text_of(options.n_layers())},
-           {"mlp_expansion", text_of(options.mlp_expansion())},
-           {"dropout", text_of(options.dropout())},
-           {"attn_dropout", text_of(options.attn_dropout())},
-           {"bias", text_of(options.bias())},
-           {"pre_ln", text_of(options.pre_ln())},
-           {"activation", to_string(options.activation())},
-           {"tie_weights", text_of(options.tie_weights())},
-           {"positions", to_string(options.positions())},
-           {"pos_base", text_of(options.pos_base())},
-           {"attention_kernel", to_string(options.attention_kernel())}}};
+  return {"transformer", 1, TransformerLMOptions::spec().write(options)};
 }
 
 void TransformerLMImpl::reset() {
   const int64_t V = options.vocab_size(), C = options.context_length(), D = options.d_model(),
                 L = options.n_layers();
-  TORCH_CHECK(V >= 1, "TransformerLM: vocab_size must be >= 1, got ", V);
-  TORCH_CHECK(C >= 1, "TransformerLM: context_length must be >= 1, got ", C);
-  TORCH_CHECK(L >= 1, "TransformerLM: n_layers must be >= 1, got ", L);
-  TORCH_CHECK(options.dropout() >= 0 && options.dropout() < 1,
-              "TransformerLM: dropout must be in [0, 1), got ", options.dropout());
+  TransformerLMOptions::spec().check(options);
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
   if (options.positions() == PositionEncoding::learned) {
     learned_positions = register_module(

@@ -5,16 +5,17 @@
 # bare #anchor into the same file) matches one of its headings, by GitHub's rule (lowercase,
 # spaces to '-', punctuation other than '-' and '_' dropped, -1, -2 ... for repeats).
 # Links in code (fenced blocks, `spans`) and absolute URLs are not checked. Also: README.md
-# is at most 250 lines, and docs/library.md links tests/cmake-consumer/main.cpp, the tested
-# library example.
+# is at most 250 lines, docs/library.md links tests/cmake-consumer/main.cpp, the tested
+# library example, and, given the tool, docs/configs.md's key table lists exactly the keys
+# `tinylm train --print-config` writes, with the same defaults.
 # Prints one "ok:" line per file and one "FAIL:" line per problem; exits 1 on any problem.
-# usage: test_docs_links.sh SOURCE_DIR
+# usage: test_docs_links.sh SOURCE_DIR [TINYLM]
 set -euo pipefail
-[ $# -eq 1 ] || { echo "usage: $0 SOURCE_DIR" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: $0 SOURCE_DIR [TINYLM]" >&2; exit 2; }
 python=$(command -v python3 || true)
 [ -n "$python" ] || { echo "skipped: python3 is not installed"; exit 77; }
-exec "$python" - "$1" <<'PY'
-import os, re, sys, unicodedata, urllib.parse
+exec "$python" - "$@" <<'PY'
+import os, re, subprocess, sys, unicodedata, urllib.parse
 
 root = os.path.realpath(sys.argv[1])
 MAX_README_LINES = 250
@@ -146,5 +147,22 @@ for md in files:
         print(f"ok: {rel(md)}: {count} relative links hold" + "".join(f"; {n}" for n in notes))
 if not os.path.isdir(docs):
     fail("docs/ is missing")
+
+# The key table of docs/configs.md against the tool's own --print-config.
+if len(sys.argv) > 2:
+    printed = subprocess.run([sys.argv[2], "train", "--print-config"], capture_output=True, text=True,
+                             check=True).stdout
+    tool = dict(re.findall(r"^([a-z0-9-]+) = (.*)$", printed, re.M))
+    with open(os.path.join(docs, "configs.md"), encoding="utf-8") as f:
+        table = dict(re.findall(r"^\| `([a-z0-9-]+)` \| [a-z]+ \| `([^`]*)` \|", f.read(), re.M))
+    for key in sorted(set(tool) - set(table)):
+        fail(f"docs/configs.md: the key table lacks '{key}' (tinylm train --print-config writes it)")
+    for key in sorted(set(table) - set(tool)):
+        fail(f"docs/configs.md: the key table lists '{key}', which tinylm train --print-config does not write")
+    for key in sorted(set(tool) & set(table)):
+        if tool[key] != table[key]:
+            fail(f"docs/configs.md: '{key}' defaults to {tool[key]}, not {table[key]}")
+    if set(tool) == set(table):
+        print(f"ok: docs/configs.md: its key table lists the {len(tool)} keys --print-config writes")
 sys.exit(1 if problems else 0)
 PY

@@ -15,7 +15,7 @@ core=$(ls src/nn/*.cpp src/nn/*.h src/nn/cpu/*.cpp src/nn/cpu/*.h src/data/*.cpp
           src/internal/*.cpp src/internal/*.h src/generate.cpp src/report.cpp src/threads.cpp src/interop.cpp src/log.cpp \
           include/tinylm/nn/*.h include/tinylm/data/*.h include/tinylm/train/*.h include/tinylm/generate.h \
           include/tinylm/interop.h include/tinylm/report.h include/tinylm/threads.h include/tinylm/log.h \
-          include/tinylm/version.h 2>/dev/null)
+          include/tinylm/version.h include/tinylm/spec.h src/spec.cpp 2>/dev/null)
 n=0
 for f in $core; do
   n=$((n + 1))

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,35 +28,60 @@ class CountingTask : public tinylm::data::Task {
   }
 };
 
-// A model: each token's embedding through a small MLP to next-token logits.
+// A model: each token's embedding through a small MLP to next-token logits. Its options
+// are declared once, in its spec: from it come what a checkpoint stores, the parser that
+// reads it back, and the checks.
+struct NextTokenMLPOptions {
+  explicit NextTokenMLPOptions(int64_t vocab_size) : vocab_size_(vocab_size) {}
+  TORCH_ARG(int64_t, vocab_size);
+  TORCH_ARG(int64_t, width) = 32;
+
+ public:
+  static const tinylm::OptionSpec<NextTokenMLPOptions>& spec() {
+    static const auto s = [] {
+      tinylm::OptionSpec<NextTokenMLPOptions> out("NextTokenMLP");
+      out.add(TINYLM_OPTION(NextTokenMLPOptions, vocab_size), "vocabulary size", tinylm::at_least(2)).required();
+      out.add(TINYLM_OPTION(NextTokenMLPOptions, width), "hidden width", tinylm::at_least(1));
+      return out;
+    }();
+    return s;
+  }
+};
+
 class NextTokenMLPImpl : public tinylm::nn::LanguageModelImpl {
  public:
-  NextTokenMLPImpl(int64_t vocab, int64_t width) : vocab_(vocab), width_(width) {
-    embed = register_module("embed", torch::nn::Embedding(vocab, width));
-    hidden = register_module("hidden", torch::nn::Linear(width, width));
-    head = register_module("head", torch::nn::Linear(width, vocab));
+  explicit NextTokenMLPImpl(const NextTokenMLPOptions& o) : options(o) {
+    NextTokenMLPOptions::spec().check(options);
+    embed = register_module("embed", torch::nn::Embedding(o.vocab_size(), o.width()));
+    hidden = register_module("hidden", torch::nn::Linear(o.width(), o.width()));
+    head = register_module("head", torch::nn::Linear(o.width(), o.vocab_size()));
   }
   tinylm::nn::LMOutput forward(const torch::Tensor& ids, bool /*return_weights*/,
                                const torch::Tensor& /*padding_mask*/) override {
     return {head(torch::gelu(hidden(embed(ids)))), {}};  // (B, T, V)
   }
-  int64_t vocab_size() const override { return vocab_; }
+  int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return 1024; }
   torch::Tensor forward_cached(const torch::Tensor& ids, tinylm::nn::KVCache& cache) override {
     cache.length += ids.size(1);  // nothing to cache: every position stands alone
     return forward(ids, false, {}).logits;
   }
-  // Stored in checkpoints, so the model can be rebuilt from one.
+  // Stored in checkpoints, so that build_model() can rebuild the model from one.
   tinylm::nn::ModelArchitecture architecture() const override {
-    return {"next-token-mlp", 1, {{"vocab", std::to_string(vocab_)}, {"width", std::to_string(width_)}}};
+    return {"next-token-mlp", 1, NextTokenMLPOptions::spec().write(options)};
   }
 
+  NextTokenMLPOptions options;
   torch::nn::Embedding embed{nullptr};
   torch::nn::Linear hidden{nullptr}, head{nullptr};
-
- private:
-  int64_t vocab_, width_;
 };
+
+// The parameter count from the options alone: build_model() checks that the weights fit
+// in memory before it allocates them.
+double next_token_mlp_parameters(const NextTokenMLPOptions& o) {
+  const double v = static_cast<double>(o.vocab_size()), w = static_cast<double>(o.width());
+  return v * w + (w * w + w) + (w * v + v);
+}
 
 }  // namespace
 
@@ -69,8 +95,12 @@ int main(int argc, char** argv) {
                 steps_text, "'");
     tinylm::set_cpu_threads(1);  // process-wide settings are the program's to make
     torch::manual_seed(0);       // the model's initial weights
+    // The kind joins tinylm's own: build_model() can now rebuild it from a checkpoint.
+    tinylm::nn::register_model_kind(tinylm::nn::model_kind<NextTokenMLPImpl>(
+        "next-token-mlp", 1, "an MLP from each token to the next", NextTokenMLPOptions::spec(),
+        NextTokenMLPOptions(0), std::function<double(const NextTokenMLPOptions&)>(next_token_mlp_parameters)));
 
-    auto model = std::make_shared<NextTokenMLPImpl>(16, 32);
+    auto model = std::make_shared<NextTokenMLPImpl>(NextTokenMLPOptions(16).width(32));
     auto task = std::make_shared<CountingTask>();
     tinylm::train::TrainerOptions options;
     options.epochs(1).steps_per_epoch(steps).batch_size(32).log_every(50).out_dir(out_dir);
@@ -81,11 +111,10 @@ int main(int argc, char** argv) {
                 TINYLM_VERSION_STRING, static_cast<long long>(result.end_step),
                 result.last_eval.loss, 100 * result.last_eval.accuracy);
 
-    // A fresh model from the last checkpoint, evaluated on batches it has not seen.
+    // A fresh model from the last checkpoint, built by the same path as tinylm's own
+    // kinds, and evaluated on batches it has not seen.
     const auto checkpoint = tinylm::train::read_checkpoint(result.last_checkpoint);
-    const auto& stored = checkpoint.architecture.options;
-    auto reloaded = std::make_shared<NextTokenMLPImpl>(std::stoll(stored.at("vocab")),
-                                                       std::stoll(stored.at("width")));
+    auto reloaded = tinylm::nn::build_model(checkpoint.architecture);
     tinylm::train::load_model_state(checkpoint, *reloaded);
     const auto m = tinylm::train::evaluate(*reloaded, *task, /*batches=*/4, /*batch_size=*/64,
                                            /*seed=*/7, torch::kCPU);

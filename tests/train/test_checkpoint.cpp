@@ -38,9 +38,9 @@ fs::path scratch(const std::string& name) { return tinylm::test::scratch_dir("ck
 RunConfig small_transformer() {
   RunConfig c;
   c.model = "transformer";
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.n_layers = 1;
+  c.set("d-model", 16);
+  c.set("n-heads", 2);
+  c.set("n-layers", 1);
   return c;
 }
 
@@ -120,13 +120,13 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
   SECTION("a model it does not fit") {
     auto ck = read_checkpoint(good.string());
     RunConfig wider = c;
-    wider.d_model = 32;
+    wider.set("d-model", 32);
     auto model = build_model(wider);
     CHECK_THAT(error_message([&] { load_model_state(ck, *model); }),
                Catch::Contains("does not fit the model: 'token_embedding.weight' has shape [64, 16] "
                                "in the checkpoint but [64, 32] in the model"));
     RunConfig deeper = c;
-    deeper.n_layers = 2;
+    deeper.set("n-layers", 2);
     auto model2 = build_model(deeper);
     CHECK_THAT(error_message([&] { load_model_state(ck, *model2); }),
                Catch::Contains("does not fit the model: it holds parameter"));
@@ -402,7 +402,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   RunConfig c = small_transformer();
   c.out_dir = dir.string();
   c.optimizer = "adamw";
-  c.dropout = 0.1;
+  c.set("dropout", 0.1);
   Trainer trainer = make_trainer(c);
   trainer.train_step();
   trainer.train_step();

@@ -29,10 +29,10 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   batch.batch_size = 1000000000;
   seq.seq_len = 1000000000;
   ctx.model = "transformer";  // learned positions: a weight per position
-  ctx.context_length = 1000000000;
+  ctx.set("context-length", 1000000000);
   layers.model = "transformer";
-  layers.n_layers = 1000000000;
-  vocab.vocab_size = 1000000000000;
+  layers.set("n-layers", 1000000000);
+  vocab.set("vocab-size", 1000000000000);
   for (const auto& [key, config] : {Case{"batch-size 1000000000", batch}, Case{"seq-len 1000000000", seq},
                                     Case{"context-length 1000000000", ctx},
                                     Case{"n-layers 1000000000", layers},
@@ -44,7 +44,7 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   }
   // Without learned positions a long context costs nothing until it is used.
   RunConfig lean = reference;
-  lean.context_length = 1000000000;
+  lean.set("context-length", 1000000000);
   check_memory(lean, lean.batch_size, true);
   // Evaluation with a huge batch: the batch is named.
   CHECK_THAT(error_message([&] { check_memory(reference, 1000000000, false); }),
@@ -54,16 +54,16 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
 TEST_CASE("memory estimates count the model's parameters and grow with the batch", "[resources]") {
   // The parameter count is the model's own, for every model setting the formula covers.
   RunConfig tiny, wide, deep, untied, bare;
-  wide.d_model = 48;
-  wide.vocab_size = 100;
+  wide.set("d-model", 48);
+  wide.set("vocab-size", 100);
   deep.model = untied.model = bare.model = "transformer";
-  deep.n_layers = 3;
-  deep.context_length = 20;
-  untied.tie_weights = false;
-  untied.positions = "sinusoidal";
-  untied.mlp_expansion = 2;
-  bare.bias = false;
-  bare.positions = "none";
+  deep.set("n-layers", 3);
+  deep.set("context-length", 20);
+  untied.set("tie-weights", false);
+  untied.set("positions", "sinusoidal");
+  untied.set("mlp-expansion", 2);
+  bare.set("bias", false);
+  bare.set("positions", "none");
   struct Case {
     const char* name;
     RunConfig config;
@@ -94,7 +94,7 @@ TEST_CASE("memory estimates count the model's parameters and grow with the batch
   tinylm::test::write_file(dir / "t.txt", std::string(1000, 'a'));
   RunConfig text;
   text.task = "text";
-  text.vocab_size = 256;
+  text.set("vocab-size", 256);
   text.data = (dir / "t.txt").string();
   CHECK(estimate_memory(text, text.batch_size, true).data_bytes == 2000);
   text.data = (dir / "missing.txt").string();  // the task names a missing file itself

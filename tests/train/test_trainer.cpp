@@ -34,10 +34,10 @@ RunConfig quiet(const std::string& name) {
 RunConfig small_dropout_run(const std::string& name) {
   RunConfig c;
   c.model = "transformer";
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.n_layers = 1;
-  c.dropout = 0.1;  // dropout draws random numbers every step
+  c.set("d-model", 16);
+  c.set("n-heads", 2);
+  c.set("n-layers", 1);
+  c.set("dropout", 0.1);  // dropout draws random numbers every step
   c.epochs = 1;
   c.steps_per_epoch = 4;
   c.log_every = 100;
@@ -65,7 +65,7 @@ TEST_CASE("the reference run trains the repeat task to < 0.01 and 100% accuracy"
 TEST_CASE("the same config and seed give the same losses", "[train][reproducible]") {
   RunConfig c = quiet("repro");
   c.model = "transformer";
-  c.dropout = 0.1;  // dropout draws from the seeded generator too
+  c.set("dropout", 0.1);  // dropout draws from the seeded generator too
   c.epochs = 1;
   c.steps_per_epoch = 15;
   auto a = make_trainer(c).fit().losses;
@@ -82,7 +82,7 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
   c.model = "transformer";
   c.optimizer = "adamw";
   c.weight_decay = 0.1;
-  c.dropout = 0.1;
+  c.set("dropout", 0.1);
   c.lr_schedule = "cosine";
   c.warmup_steps = 4;
   c.grad_clip = 1.0;
@@ -278,7 +278,7 @@ TEST_CASE("a user's model and task train through the Trainer and its checkpoints
   CHECK(ck.recipe == "my notes");
   CHECK_THAT(ck.architecture.kind, Catch::Contains("BigramImpl"));
   CHECK_THAT(error_message([&] { nn::build_model(ck.architecture); }),
-             Catch::Contains("build yours in your own code and load the checkpoint's weights"));
+             Catch::Contains("register yours with register_model_kind"));
   auto again = std::make_shared<BigramImpl>(10);
   load_model_state(ck, *again);
   CountUp task;

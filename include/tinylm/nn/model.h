@@ -5,6 +5,7 @@
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/embedding.h>
+#include <tinylm/spec.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/common.h>
@@ -114,14 +115,16 @@ class CloneableLanguageModel : public LanguageModelImpl {
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets,
                               bool per_position = false);
 
-/// tinylm's own model of that architecture (kind "tiny" or "transformer"), on the CPU,
-/// initialised from LibTorch's default generator. Options it does not know are skipped
-/// with a warning, missing ones take their defaults; another kind is an error.
+/// The model of that architecture, of any registered kind (tinylm's "tiny" and
+/// "transformer", or a program's own: see model_kind.h), on the CPU, initialised from
+/// LibTorch's default generator, after its options are checked and its weights are found
+/// to fit in memory. Options it does not know are skipped with a warning, missing ones
+/// take their defaults (those without one are an error); an unknown kind is an error.
 LanguageModel build_model(const ModelArchitecture& architecture);
 
 /// The number of parameter elements build_model() would make (a tied tensor once),
 /// computed from the options alone: nothing is allocated. Throws as build_model() does on
-/// an unknown kind or unreadable options. A checkpoint's architecture is checked against
+/// an unknown kind or unreadable options, and on a kind that gives no count. A checkpoint's architecture is checked against
 /// the weights it stores with it before any model is built.
 int64_t parameter_count(const ModelArchitecture& architecture);
 
@@ -152,6 +155,11 @@ struct TinyAttentionLMOptions {
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
   /// Thresholds and backends of the kernel choices (not part of the architecture).
   TORCH_ARG(KernelPolicy, kernel_policy);
+
+  /// Every option above but kernel_policy, each with its rule and help: what the
+  /// architecture stores, its parser and the model's validation.
+ public:
+  static const OptionSpec<TinyAttentionLMOptions>& spec();
 };
 
 /// Token embedding + sinusoidal positions -> one causal MultiHeadSelfAttention ->
@@ -225,6 +233,10 @@ struct TransformerLMOptions {
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
   /// Thresholds and backends of the kernel choices (not part of the architecture).
   TORCH_ARG(KernelPolicy, kernel_policy);
+
+  /// Every option above but kernel_policy (see TinyAttentionLMOptions::spec).
+ public:
+  static const OptionSpec<TransformerLMOptions>& spec();
 };
 
 /// Token embedding + positions -> dropout -> L blocks -> final LayerNorm -> LM head.
