@@ -106,7 +106,7 @@ int64_t g_threads = 1;
 RunConfig p1_config() {  // the reference run
   RunConfig c;
   c.threads = g_threads;
-  c.out_dir = scratch_dir();
+  c.trainer.out_dir(scratch_dir());
   return c;
 }
 
@@ -120,19 +120,19 @@ RunConfig p2_config() {  // the medium model
   c.set("n-heads", 8);
   c.set("n-layers", 4);
   c.seq_len = 128;
-  c.batch_size = 16;
-  c.optimizer = "adamw";
-  c.weight_decay = 0.1;
-  c.lr = 1e-3;
-  c.out_dir = scratch_dir();
+  c.trainer.batch_size(16);
+  c.set("optimizer", "adamw");
+  c.trainer.optimizer().weight_decay(0.1);
+  c.trainer.optimizer().lr(1e-3);
+  c.trainer.out_dir(scratch_dir());
   return c;
 }
 
 Json describe(const RunConfig& c) {
   return {{"model", c.model}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
           {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model == "tiny" ? 1 : c.get<int64_t>("n-layers")},
-          {"seq", c.seq_len}, {"batch", c.batch_size}, {"optimizer", c.optimizer},
-          {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.fused_optimizer}};
+          {"seq", c.seq_len}, {"batch", c.trainer.batch_size()}, {"optimizer", c.get<std::string>("optimizer")},
+          {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.trainer.optimizer().flat()}};
 }
 
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
@@ -140,7 +140,7 @@ Json describe(const RunConfig& c) {
 double train_flops_per_step(const RunConfig& c) {
   const double D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), T = c.seq_len, L = c.get<int64_t>("n-layers"), e = c.get<int64_t>("mlp-expansion");
   const double per_token = 2.0 * (L * (4.0 + 2.0 * e) * D * D + V * D) + 4.0 * L * T * D;
-  return 3.0 * per_token * T * c.batch_size * c.grad_accum;
+  return 3.0 * per_token * T * c.trainer.batch_size() * c.trainer.grad_accum();
 }
 
 double matmul_peak(bool quick) {
@@ -156,12 +156,12 @@ double matmul_peak(bool quick) {
 void bench_p1(bool quick) {
   for (bool fused : {true, false}) {
     RunConfig c = p1_config();
-    c.fused_optimizer = fused;
+    c.trainer.optimizer().flat(fused);
     c.set("attention-kernel", fused ? "automatic" : "plain");
     train::Trainer t = make_trainer(c);
     auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
     emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
-    std::filesystem::remove_all(c.out_dir);
+    std::filesystem::remove_all(c.trainer.out_dir());
   }
 }
 
@@ -199,7 +199,7 @@ void bench_p1_kernels(bool quick) {
     config["rounds"] = rounds;
     emit_value("p1_" + name, "train_steps_per_s", "steps/s", 1.0 / v[v.size() / 2], config);
   }
-  std::filesystem::remove_all(c.out_dir);
+  std::filesystem::remove_all(c.trainer.out_dir());
 }
 
 /// Where a P1 step's time goes: the loop of Trainer::train_step written out with a clock
@@ -216,7 +216,7 @@ void bench_p1_parts(bool quick) {
   double forward = 0, backward = 0, optimizer = 0, total = 0;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     const auto t0 = Clock::now();
-    auto batch = task->sample(c.batch_size, data::Split::train, gen);
+    auto batch = task->sample(c.trainer.batch_size(), data::Split::train, gen);
     opt->zero_grad();
     const auto t1 = Clock::now();
     auto loss = model->loss(batch.inputs, batch.targets);
@@ -226,7 +226,7 @@ void bench_p1_parts(bool quick) {
     volatile double value = loss.item<double>();
     (void)value;
     const auto t4 = Clock::now();
-    opt->step(c.lr);
+    opt->step(c.trainer.optimizer().lr());
     const auto t5 = Clock::now();
     if (i < warmup) continue;
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -321,11 +321,11 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   if (quick) {
     c.set("n-layers", 1);
     c.seq_len = 32;
-    c.batch_size = 4;
+    c.trainer.batch_size(4);
   }
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
-  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
   emit("p2", "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   const double flops = train_flops_per_step(c);
   emit_value("p2", "model_gflops", "GFLOP/s", flops / s.median / 1e9, describe(c));
@@ -338,7 +338,7 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
     emit_value("p2", "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
                after - before, describe(c));
   }
-  std::filesystem::remove_all(c.out_dir);
+  std::filesystem::remove_all(c.trainer.out_dir());
 }
 
 void bench_p3(bool quick) {
@@ -419,7 +419,7 @@ RunConfig dp_config(bool quick) {
   if (quick) {
     c.set("n-layers", 1);
     c.seq_len = 32;
-    c.batch_size = 4;
+    c.trainer.batch_size(4);
   }
   return c;
 }
@@ -438,7 +438,7 @@ void bench_dp_worker(bool quick) {
   const auto start = Clock::now();
   for (int64_t i = 0; i < dp_steps(quick); ++i) t.train_step();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::filesystem::remove_all(c.out_dir);
+  std::filesystem::remove_all(c.trainer.out_dir());
   if (group->rank() == 0)
     print_line({{"step_seconds", seconds / dp_steps(quick)},
                 {"allreduce_seconds", (t.communication_seconds() - comm_before) / dp_steps(quick)}});
@@ -482,7 +482,7 @@ Json run_dp_job(int64_t world, bool quick) {
 void bench_dp(bool quick) {
   RunConfig c = dp_config(quick);
   train::Trainer t = make_trainer(c);
-  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
   const int rounds = quick ? 1 : 3;
   std::vector<double> one_1, one_2, two_1, allreduce_ms, share;
   const int64_t steps = dp_steps(quick);
@@ -530,7 +530,7 @@ void bench_dp(bool quick) {
   int64_t numel = 0;
   for (const auto& p : t.model()->parameters()) numel += p.numel();
   emit_value("dp_2proc_1thread", "allreduce_mib_per_step", "MiB", numel * 4.0 / 1048576.0, config);
-  std::filesystem::remove_all(c.out_dir);
+  std::filesystem::remove_all(c.trainer.out_dir());
 }
 
 // ---- data: prepare throughput, memory-mapped token files ------------------------------
@@ -599,9 +599,9 @@ RunConfig data_config() {
   c.set("n-heads", 4);
   c.set("n-layers", 2);
   c.seq_len = 128;
-  c.batch_size = 16;
-  c.optimizer = "adamw";
-  c.out_dir = scratch_dir() + "-run";
+  c.trainer.batch_size(16);
+  c.set("optimizer", "adamw");
+  c.trainer.out_dir(scratch_dir() + "-run");
   return c;
 }
 
@@ -624,7 +624,7 @@ void bench_data_worker(const std::string& dir, bool in_memory, bool quick) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // The data path alone: drawing a batch (windows copied out, pages released).
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  const auto batch = time_per_call([&] { task->sample(c.batch_size, data::Split::train, gen); }, 10, 5,
+  const auto batch = time_per_call([&] { task->sample(c.trainer.batch_size(), data::Split::train, gen); }, 10, 5,
                                    quick ? 10 : 200);
   // VmHWM, not getrusage: ru_maxrss carries the parent's peak across fork and exec.
   std::ifstream status("/proc/self/status");
@@ -697,7 +697,7 @@ void bench_data(bool quick) {
   const int rounds = quick ? 1 : 3;
   std::vector<double> mapped_rate, memory_rate, rate_ratio, big_rss, small_rss, memory_rss, mapped_batch,
       memory_batch;
-  const double tokens = static_cast<double>(c.batch_size * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
   for (int r = 0; r < rounds; ++r) {
     const Json mapped = run_data_worker(big_dir, false, quick);
     const Json memory = run_data_worker(big_dir, true, quick);
@@ -712,7 +712,7 @@ void bench_data(bool quick) {
     memory_batch.push_back(1e6 * memory["batch_seconds"].get<double>());
   }
   std::filesystem::remove_all(dir);
-  std::filesystem::remove_all(c.out_dir);
+  std::filesystem::remove_all(c.trainer.out_dir());
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];

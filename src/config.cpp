@@ -89,6 +89,24 @@ ConfigField member(const char* name, const char* group, const char* help, T R::*
   return f;
 }
 
+// A key for each field of an options struct the config holds (`held`), its help, type,
+// choices and group from the struct's spec.
+template <typename O>
+void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O R::*held) {
+  for (const auto& o : spec.describe(O{})) {
+    ConfigField f;
+    f.name = spell(o.name, Spelling::config);
+    f.group = o.group;
+    f.help = o.help;
+    f.type = o.type;
+    f.choices = o.choices;
+    const std::string key = o.name;
+    f.get = [&spec, held, key](const RunConfig& c) { return *spec.get(c.*held, key); };
+    f.set = [&spec, held, key](RunConfig& c, const OptionValue& v) { spec.set(c.*held, key, v); };
+    out.push_back(std::move(f));
+  }
+}
+
 // The run's own defaults for model options (the reference run's), where a kind has none
 // or another, and what the run adds to their help.
 struct Preset {
@@ -191,32 +209,17 @@ const Fields& fields() {
     l.push_back(member("seq-len", "task", "tokens per training sequence", &R::seq_len));
     l.push_back(member("data", "task", "text task: the training text file; tokens task: the directory tinylm prepare made", &R::data));
     l.push_back(member("val-fraction", "task", "text task: fraction of the file held out for validation", &R::val_fraction));
-    l.push_back(member("optimizer", "optim", "adam or adamw (adamw: no decay on biases, norms, embeddings)", &R::optimizer, {"adam", "adamw"}));
-    l.push_back(member("lr", "optim", "peak learning rate", &R::lr));
-    l.push_back(member("weight-decay", "optim", "AdamW weight decay", &R::weight_decay));
-    l.push_back(member("beta1", "optim", "Adam beta1", &R::beta1));
-    l.push_back(member("beta2", "optim", "Adam beta2", &R::beta2));
-    l.push_back(member("lr-schedule", "optim", "constant or cosine (after warmup)", &R::lr_schedule, {"constant", "cosine"}));
-    l.push_back(member("warmup-steps", "optim", "linear warmup steps", &R::warmup_steps));
-    l.push_back(member("min-lr-ratio", "optim", "cosine floor as a fraction of lr", &R::min_lr_ratio));
-    l.push_back(member("grad-clip", "optim", "max global gradient norm; 0 = off", &R::grad_clip));
-    l.push_back(member("grad-accum", "optim", "micro-batches per optimizer step", &R::grad_accum));
-    l.push_back(member("fused-optimizer", "optim", "Adam/AdamW fused over one flat parameter buffer", &R::fused_optimizer));
-    l.push_back(member("batch-size", "optim", "sequences per micro-batch", &R::batch_size));
-    l.push_back(member("epochs", "optim", "epochs", &R::epochs));
-    l.push_back(member("steps-per-epoch", "optim", "optimizer steps per epoch", &R::steps_per_epoch));
-    l.push_back(member("seed", "run", "seed for weights, data and dropout", &R::seed));
+    add_spec_fields(out.list, train::TrainerOptions::spec(), &R::trainer);
     l.push_back(member("device", "run", "auto, cpu, cuda or cuda:N", &R::device));
-    l.push_back(member("bf16", "run", "bf16 autocast (CUDA only)", &R::bf16));
     l.push_back(member("threads", "run", "CPU threads for LibTorch and OpenBLAS; 0 = their defaults", &R::threads));
-    l.push_back(member("log-every", "run", "steps between progress lines", &R::log_every));
-    l.push_back(member("eval-every", "run", "steps between validations; 0 = once per epoch", &R::eval_every));
-    l.push_back(member("eval-batches", "run", "batches per validation", &R::eval_batches));
-    l.push_back(member("out-dir", "run", "directory for checkpoints and metrics.jsonl", &R::out_dir));
-    l.push_back(member("save-every", "run", "steps between checkpoints; 0 = once per epoch", &R::save_every));
-    l.push_back(member("keep-last", "run", "step checkpoints to keep (best.ckpt is extra)", &R::keep_last));
-    l.push_back(member("stop-when-solved", "run", "stop once validation accuracy is 100% and loss < solve-loss", &R::stop_when_solved));
-    l.push_back(member("solve-loss", "run", "validation loss below which a solved task may stop", &R::solve_loss));
+    // A value outside a field's choices is refused as it is set, in the config's words
+    // (an enum behind it could not hold it).
+    for (auto& f : l)
+      if (!f.choices.empty())
+        f.set = [inner = f.set, name = f.name, choices = f.choices](RunConfig& c, const OptionValue& v) {
+          check_one_of(name.c_str(), std::get<std::string>(v), choices);
+          inner(c, v);
+        };
     return out;
   }();
   return all;
@@ -230,7 +233,7 @@ OptionValue coerce(const ConfigField& f, OptionValue v) {
 
 }  // namespace
 
-RunConfig::RunConfig() : model_options(fields().model_defaults) {}
+RunConfig::RunConfig() : model_options(fields().model_defaults) { trainer.out_dir("runs/default"); }
 
 int64_t RunConfig::effective_context() const {
   auto it = model_options.find("context_length");
@@ -309,7 +312,11 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
     static const char* const wanted[] = {"true or false", "an integer", "a number", "a string (in quotes)"};
     TORCH_CHECK(known_type && type_of(v) == field->type, origin, ":", line, ": '", key, "' must be ",
                 wanted[static_cast<int>(field->type)], ", got ", entry.type);
-    field->set(config, v);
+    try {
+      field->set(config, v);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, origin, ":", line, ": ", e.what_without_backtrace());
+    }
     set.push_back(key);
   }
   return set;
@@ -348,39 +355,19 @@ void validate(const RunConfig& c) {
     TORCH_CHECK(!c.data.empty(), "task tokens needs a prepared corpus: set data = \"DIR\", a directory made by "
                 "tinylm prepare");
   }
-  TORCH_CHECK(std::isfinite(c.lr) && c.lr > 0, "lr must be > 0, got ", c.lr);
-  TORCH_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
-              "weight-decay must be a finite number >= 0, got ", c.weight_decay);
-  TORCH_CHECK(c.beta1 >= 0 && c.beta1 < 1, "beta1 must be in [0, 1), got ", c.beta1);
-  TORCH_CHECK(c.beta2 >= 0 && c.beta2 < 1, "beta2 must be in [0, 1), got ", c.beta2);
-  TORCH_CHECK(c.warmup_steps >= 0, "warmup-steps must be >= 0, got ", c.warmup_steps);
-  TORCH_CHECK(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "min-lr-ratio must be in [0, 1], got ",
-              c.min_lr_ratio);
-  TORCH_CHECK(std::isfinite(c.grad_clip) && c.grad_clip >= 0,
-              "grad-clip must be a finite number >= 0 (0 = off), got ", c.grad_clip);
-  TORCH_CHECK(c.grad_accum >= 1, "grad-accum must be >= 1, got ", c.grad_accum);
-  TORCH_CHECK(c.batch_size >= 1, "batch-size must be >= 1, got ", c.batch_size);
-  TORCH_CHECK(c.epochs >= 1, "epochs must be >= 1, got ", c.epochs);
-  TORCH_CHECK(c.steps_per_epoch >= 1, "steps-per-epoch must be >= 1, got ", c.steps_per_epoch);
-  // Products the trainer forms must fit in 64 bits.
-  int64_t product = 0;
-  TORCH_CHECK(!__builtin_mul_overflow(c.epochs, c.steps_per_epoch, &product), "epochs ", c.epochs,
-              " x steps-per-epoch ", c.steps_per_epoch, " overflows the step counter (max ",
-              std::numeric_limits<int64_t>::max(), ")");
-  TORCH_CHECK(!__builtin_mul_overflow(c.batch_size, c.seq_len, &product) &&
-                  !__builtin_mul_overflow(product, c.grad_accum, &product),
-              "batch-size ", c.batch_size, " x seq-len ", c.seq_len, " x grad-accum ", c.grad_accum,
-              " overflows the token counter");
-  TORCH_CHECK(c.seed >= 0, "seed must be >= 0, got ", c.seed);
+  // The Trainer's own rules, stated once by its options' spec.
+  train::TrainerOptions::spec().check(c.trainer, Spelling::config);
+  // What only a run config has: a signed seed, the tool's threads, a place to write, and
+  // the token counter the trainer forms with the task's sequence length.
+  const auto& t = c.trainer;
+  TORCH_CHECK(static_cast<int64_t>(t.seed()) >= 0, "seed must be >= 0, got ", static_cast<int64_t>(t.seed()));
   TORCH_CHECK(c.threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ", c.threads);
-  TORCH_CHECK(c.log_every >= 1, "log-every must be >= 1, got ", c.log_every);
-  TORCH_CHECK(c.eval_every >= 0, "eval-every must be >= 0 (0 = once per epoch), got ", c.eval_every);
-  TORCH_CHECK(c.eval_batches >= 1, "eval-batches must be >= 1, got ", c.eval_batches);
-  TORCH_CHECK(c.save_every >= 0, "save-every must be >= 0 (0 = once per epoch), got ", c.save_every);
-  TORCH_CHECK(c.keep_last >= 1, "keep-last must be >= 1, got ", c.keep_last);
-  TORCH_CHECK(!c.out_dir.empty(), "out-dir must not be empty");
-  TORCH_CHECK(std::isfinite(c.solve_loss) && c.solve_loss > 0,
-              "solve-loss must be a finite number > 0, got ", c.solve_loss);
+  TORCH_CHECK(!t.out_dir().empty(), "out-dir must not be empty");
+  int64_t product = 0;
+  TORCH_CHECK(!__builtin_mul_overflow(t.batch_size(), c.seq_len, &product) &&
+                  !__builtin_mul_overflow(product, t.grad_accum(), &product),
+              "batch-size ", t.batch_size(), " x seq-len ", c.seq_len, " x grad-accum ", t.grad_accum(),
+              " overflows the token counter");
 }
 
 }  // namespace tinylm

@@ -45,7 +45,7 @@ nn::LanguageModel build_model(const RunConfig& c) {
   const auto architecture = model_architecture(c);
   // The reference run seeds LibTorch's generator with the run seed before building the
   // model; the same stream is lent here, and the global generator is left alone.
-  auto state = internal::seeded_generator_state(torch::kCPU, static_cast<uint64_t>(c.seed));
+  auto state = internal::seeded_generator_state(torch::kCPU, static_cast<uint64_t>(c.trainer.seed()));
   internal::GeneratorScope scope(torch::kCPU, state);
   return nn::build_model(architecture);
 }
@@ -61,35 +61,8 @@ std::unique_ptr<data::Task> make_task(const RunConfig& c) {
 
 train::TrainerOptions trainer_options(const RunConfig& c) {
   validate(c);
-  train::TrainerOptions o;
-  o.optimizer()
-      .kind(c.optimizer == "adamw" ? train::OptimizerKind::adamw : train::OptimizerKind::adam)
-      .lr(c.lr)
-      .beta1(c.beta1)
-      .beta2(c.beta2)
-      .weight_decay(c.weight_decay)
-      .flat(c.fused_optimizer);
-  o.schedule()
-      .kind(c.lr_schedule == "cosine" ? train::LRSchedule::cosine : train::LRSchedule::constant)
-      .warmup_steps(c.warmup_steps)
-      .min_lr_ratio(c.min_lr_ratio);
-  o.batch_size(c.batch_size)
-      .epochs(c.epochs)
-      .steps_per_epoch(c.steps_per_epoch)
-      .grad_accum(c.grad_accum)
-      .grad_clip(c.grad_clip)
-      .seed(static_cast<uint64_t>(c.seed))
-      .device(train::resolve_device(c.device))
-      .bf16(c.bf16)
-      .log_every(c.log_every)
-      .eval_every(c.eval_every)
-      .eval_batches(c.eval_batches)
-      .out_dir(c.out_dir)
-      .save_every(c.save_every)
-      .keep_last(c.keep_last)
-      .stop_when_solved(c.stop_when_solved)
-      .solve_loss(c.solve_loss)
-      .recipe(to_toml(c));
+  train::TrainerOptions o = c.trainer;
+  o.device(train::resolve_device(c.device)).recipe(to_toml(c));
   return o;
 }
 
@@ -99,10 +72,10 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   // Each process of a job on one host takes its own GPU (LOCAL_RANK).
   if (group) options.device(train::resolve_device(c.device, group->options().local_rank));
   options.process_group(std::move(group));
-  TORCH_CHECK(!c.bf16 || options.device().is_cuda(),
+  TORCH_CHECK(!c.trainer.bf16() || options.device().is_cuda(),
               "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
   // Before anything large is allocated: a run that cannot fit is refused here.
-  check_memory(c, c.batch_size, /*training=*/true, options.device().is_cuda());
+  check_memory(c, c.trainer.batch_size(), /*training=*/true, options.device().is_cuda());
   std::shared_ptr<data::Task> task = make_task(c);
   const auto vocab = c.get<int64_t>("vocab-size");
   TORCH_CHECK(task->vocab_size() == vocab, "task ", task->name(), " has vocab ", task->vocab_size(),

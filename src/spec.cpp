@@ -105,6 +105,14 @@ Rule<double> fraction() {
   return {[](const double& v) { return v >= 0 && v < 1; }, "must be in [0, 1)"};
 }
 
+Rule<double> unit_interval() {
+  return {[](const double& v) { return v >= 0 && v <= 1; }, "must be in [0, 1]"};
+}
+
+Rule<double> non_negative() {
+  return {[](const double& v) { return std::isfinite(v) && v >= 0; }, "must be a finite number >= 0"};
+}
+
 Rule<double> positive() {
   return {[](const double& v) { return std::isfinite(v) && v > 0; }, "must be a finite number > 0"};
 }

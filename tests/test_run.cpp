@@ -78,7 +78,7 @@ TEST_CASE("model_architecture carries the config's model settings", "[run]") {
 TEST_CASE("build_model draws the run seed's weights and leaves the global generator alone", "[run]") {
   RunConfig c;
   c.model = "transformer";
-  c.seed = 7;
+  c.trainer.seed(7);
   // The reference run seeds LibTorch's generator with the run seed, then builds.
   torch::manual_seed(7);
   const auto reference = nn::build_model(model_architecture(c));
@@ -94,7 +94,7 @@ TEST_CASE("build_model draws the run seed's weights and leaves the global genera
     CHECK(torch::equal(p.value(), pb[p.key()]));
     CHECK(torch::equal(p.value(), pr[p.key()]));
   }
-  c.seed = 8;
+  c.trainer.seed(8);
   CHECK_FALSE(torch::equal(build_model(c)->named_parameters()["token_embedding.weight"],
                            pa["token_embedding.weight"]));
   c.set("n-heads", 5);  // the config is validated first
@@ -104,30 +104,30 @@ TEST_CASE("build_model draws the run seed's weights and leaves the global genera
 TEST_CASE("trainer_options carry every training setting of the config, and the config as the recipe",
           "[run]") {
   RunConfig c;
-  c.optimizer = "adamw";
-  c.lr = 1e-3;
-  c.beta1 = 0.8;
-  c.beta2 = 0.98;
-  c.weight_decay = 0.1;
-  c.fused_optimizer = false;
-  c.lr_schedule = "cosine";
-  c.warmup_steps = 5;
-  c.min_lr_ratio = 0.2;
-  c.batch_size = 8;
-  c.epochs = 2;
-  c.steps_per_epoch = 7;
-  c.grad_accum = 3;
-  c.grad_clip = 0.5;
-  c.seed = 9;
+  c.set("optimizer", "adamw");
+  c.trainer.optimizer().lr(1e-3);
+  c.trainer.optimizer().beta1(0.8);
+  c.trainer.optimizer().beta2(0.98);
+  c.trainer.optimizer().weight_decay(0.1);
+  c.trainer.optimizer().flat(false);
+  c.set("lr-schedule", "cosine");
+  c.trainer.schedule().warmup_steps(5);
+  c.trainer.schedule().min_lr_ratio(0.2);
+  c.trainer.batch_size(8);
+  c.trainer.epochs(2);
+  c.trainer.steps_per_epoch(7);
+  c.trainer.grad_accum(3);
+  c.trainer.grad_clip(0.5);
+  c.trainer.seed(9);
   c.device = "cpu";
-  c.log_every = 3;
-  c.eval_every = 4;
-  c.eval_batches = 2;
-  c.out_dir = "some/dir";
-  c.save_every = 6;
-  c.keep_last = 4;
-  c.stop_when_solved = true;
-  c.solve_loss = 0.2;
+  c.trainer.log_every(3);
+  c.trainer.eval_every(4);
+  c.trainer.eval_batches(2);
+  c.trainer.out_dir("some/dir");
+  c.trainer.save_every(6);
+  c.trainer.keep_last(4);
+  c.trainer.stop_when_solved(true);
+  c.trainer.solve_loss(0.2);
   const auto o = trainer_options(c);
   CHECK(o.optimizer().kind() == train::OptimizerKind::adamw);
   CHECK(o.optimizer().lr() == 1e-3);
@@ -162,8 +162,8 @@ TEST_CASE("trainer_options carry every training setting of the config, and the c
   CHECK(d.optimizer().kind() == train::OptimizerKind::adam);
   CHECK(d.optimizer().flat());
   CHECK(d.schedule().kind() == train::LRSchedule::constant);
-  c.lr = 0;
-  CHECK_THAT(error_message([&] { trainer_options(c); }), Catch::Contains("lr must be > 0, got 0"));
+  c.trainer.optimizer().lr(0);
+  CHECK_THAT(error_message([&] { trainer_options(c); }), Catch::Contains("lr must be a finite number > 0, got 0"));
 }
 
 TEST_CASE("make_trainer builds the config's run and refuses a task of another vocabulary or bf16 on a CPU",
@@ -180,7 +180,7 @@ TEST_CASE("make_trainer builds the config's run and refuses a task of another vo
   c.task = "tokens";
   c.data = p.out_dir;
   c.device = "cpu";
-  c.out_dir = (dir / "run").string();
+  c.trainer.out_dir((dir / "run").string());
   CHECK_THAT(error_message([&] { make_trainer(c); }),
              Catch::Contains("task tokens has vocab 256 but vocab-size is 64: set vocab-size = 256"));
   c.set("vocab-size", 256);
@@ -189,7 +189,7 @@ TEST_CASE("make_trainer builds the config's run and refuses a task of another vo
   CHECK(trainer.model()->architecture().options == model_architecture(c).options);
   CHECK(std::isfinite(trainer.train_step()));
 
-  c.bf16 = true;
+  c.trainer.bf16(true);
   CHECK_THAT(error_message([&] { make_trainer(c); }),
              Catch::Contains("bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda"));
 }
@@ -199,13 +199,13 @@ TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this ti
   RunConfig c;
   c.model = "transformer";
   c.set("n-layers", 3);
-  c.lr = 1e-3;
+  c.trainer.optimizer().lr(1e-3);
   train::Checkpoint ck;
   ck.path = "stored.ckpt";
   ck.recipe = to_toml(c) + "\nrotary-base = 10000\n";  // a key from a later tinylm
   CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
   ck.recipe = "lr = 0\n";  // the result is validated
-  CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }), Catch::Contains("lr must be > 0, got 0"));
+  CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }), Catch::Contains("lr must be a finite number > 0, got 0"));
   ck.recipe = "epochs = \"three\"\n";
   CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }),
              Catch::Contains("stored.ckpt (stored config)") && Catch::Contains("'epochs' must be an integer"));

@@ -33,7 +33,7 @@ int run_eval(const EvalArgs& a) {
   o.need_data = true;
   auto run = open_run(a.checkpoint, a.threads, o);
   const auto& cfg = run.config;
-  const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.batch_size;
+  const int64_t bs = a.batch_size > 0 ? a.batch_size : cfg.trainer.batch_size();
   check_memory(cfg, bs, /*training=*/false, run.device.is_cuda());
   auto m = train::evaluate(*run.model, *run.task, a.batches, bs, static_cast<uint64_t>(a.seed), run.device);
   // Bits per byte of text: comparable across tokenizers (a byte model's is loss / ln 2).

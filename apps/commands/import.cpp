@@ -46,9 +46,9 @@ int run_import(const ImportArgs& a) {
   RunConfig cfg;
   set_model(cfg, model->architecture());  // every option as imported
   cfg.seq_len = o.context_length();  // fine-tuning trains on the model's whole context
-  cfg.optimizer = "adamw";           // nanoGPT's (any optimizer may be chosen: no state is stored)
-  cfg.out_dir = std::filesystem::path(a.out).has_parent_path()
-                    ? std::filesystem::path(a.out).parent_path().string() : ".";
+  cfg.set("optimizer", "adamw");           // nanoGPT's (any optimizer may be chosen: no state is stored)
+  cfg.trainer.out_dir(std::filesystem::path(a.out).has_parent_path()
+                    ? std::filesystem::path(a.out).parent_path().string() : ".");
   validate(cfg);
   train::TrainingState state;
   state.step = imported.iter_num;

@@ -122,26 +122,26 @@ std::shared_ptr<train::RunDirectory> claim_out_dir(const TrainArgs& args, const 
                                                    const train::Checkpoint* resumed) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const bool same_dir = resumed && fs::exists(cfg.out_dir, ec) &&
+  const bool same_dir = resumed && fs::exists(cfg.trainer.out_dir(), ec) &&
                         fs::equivalent(fs::path(resumed->path).parent_path().empty()
                                            ? fs::path(".")
                                            : fs::path(resumed->path).parent_path(),
-                                       cfg.out_dir, ec);
+                                       cfg.trainer.out_dir(), ec);
   if (args.overwrite) {
     TORCH_CHECK(!same_dir, "--overwrite would delete the run being resumed from (", resumed->path,
                 "): resume into another --out-dir, or drop --overwrite");
-    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::overwrite);
+    return std::make_shared<train::RunDirectory>(cfg.trainer.out_dir(), train::RunDirMode::overwrite);
   }
   if (same_dir) {
-    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::resume,
+    return std::make_shared<train::RunDirectory>(cfg.trainer.out_dir(), train::RunDirMode::resume,
                                                  resumed->state.step);
   }
   try {
-    return std::make_shared<train::RunDirectory>(cfg.out_dir, train::RunDirMode::fresh);
+    return std::make_shared<train::RunDirectory>(cfg.trainer.out_dir(), train::RunDirMode::fresh);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::run_directory_taken) throw;
-    TORCH_CHECK(false, "--out-dir ", cfg.out_dir, " already holds a run: continue it with --resume ",
-                cfg.out_dir, ", choose another --out-dir, or pass --overwrite to replace it");
+    TORCH_CHECK(false, "--out-dir ", cfg.trainer.out_dir(), " already holds a run: continue it with --resume ",
+                cfg.trainer.out_dir(), ", choose another --out-dir, or pass --overwrite to replace it");
   }
 }
 
@@ -153,8 +153,8 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
             nn::count_parameters(model), device.str(), at::get_num_threads());
   if (device.is_cpu()) log->info("cpu kernels: {}", nn::cpu_kernels_description());
   log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
-            cfg.task, cfg.get<int64_t>("vocab-size"), cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.epochs,
-            cfg.steps_per_epoch, cfg.optimizer, cfg.lr);
+            cfg.task, cfg.get<int64_t>("vocab-size"), cfg.seq_len, cfg.trainer.batch_size(), cfg.trainer.grad_accum(), cfg.trainer.epochs(),
+            cfg.trainer.steps_per_epoch(), cfg.get<std::string>("optimizer"), cfg.trainer.optimizer().lr());
 }
 
 /// A seeded validation batch of `rows` rows and the model's output on it, with attention
@@ -296,18 +296,18 @@ RunConfig run_config_of(const TrainArgs& args, std::optional<train::Checkpoint>&
     const RunConfig stored = config_from_checkpoint(*ck);
     cfg = effective_config(args, stored, &out_dir_chosen);
     // A checkpoint without optimizer state (an import) may continue with any optimizer.
-    TORCH_CHECK(ck->optimizer_kind.empty() || cfg.optimizer == stored.optimizer, "checkpoint '", ck->path,
-                "' was trained with optimizer '", stored.optimizer, "', not '", cfg.optimizer,
-                "': resume with optimizer ", stored.optimizer);
+    TORCH_CHECK(ck->optimizer_kind.empty() || cfg.get<std::string>("optimizer") == stored.get<std::string>("optimizer"), "checkpoint '", ck->path,
+                "' was trained with optimizer '", stored.get<std::string>("optimizer"), "', not '", cfg.get<std::string>("optimizer"),
+                "': resume with optimizer ", stored.get<std::string>("optimizer"));
     // A resumed run writes next to the checkpoint it resumes (a copied run directory
     // stays the copy), never into the directory stored in the checkpoint.
     if (!out_dir_chosen) {
       const auto dir = std::filesystem::path(ck->path).parent_path();
-      cfg.out_dir = dir.empty() ? "." : dir.string();
+      cfg.trainer.out_dir(dir.empty() ? "." : dir.string());
     }
   } else {
     cfg = effective_config(args, RunConfig{}, &out_dir_chosen);
-    if (!out_dir_chosen && !args.overwrite) cfg.out_dir = fresh_default_out_dir(cfg.out_dir);
+    if (!out_dir_chosen && !args.overwrite) cfg.trainer.out_dir(fresh_default_out_dir(cfg.trainer.out_dir()));
   }
   return cfg;
 }
@@ -366,8 +366,8 @@ int run_train(const TrainArgs& args) {
                    nccl || !trainer.device().is_cuda() ? ""
                    : train::nccl_available()          ? ", CUDA tensors through host memory"
                                                       : ", CUDA tensors through host memory: this build has no NCCL",
-                   cfg.batch_size * group->world_size() * cfg.grad_accum,
-                   cfg.batch_size, group->world_size(), cfg.grad_accum);
+                   cfg.trainer.batch_size() * group->world_size() * cfg.trainer.grad_accum(),
+                   cfg.trainer.batch_size(), group->world_size(), cfg.trainer.grad_accum());
   }
   if (ck) logger()->info("resumed from {} at step {}", ck->path, ck->state.step);
   if (lead) print_contracts(trainer);
@@ -390,7 +390,7 @@ int run_train(const TrainArgs& args) {
             100 * m.exact_match);
   if (lead && cfg.seq_len <= 32) print_heatmap(trainer);  // wider ones do not fit a terminal
   log->info("checkpoints: last {} | best {} | metrics {}/metrics.jsonl", result.last_checkpoint,
-            result.best_checkpoint, cfg.out_dir);
+            result.best_checkpoint, cfg.trainer.out_dir());
   return 0;
 }
 

@@ -33,7 +33,7 @@ int run_upgrade(const UpgradeArgs& a) {
               ck.format_version, ", today's: there is nothing to upgrade");
   RunConfig c = config_from_checkpoint(ck);
   const auto dir = std::filesystem::path(a.out).parent_path();
-  c.out_dir = dir.empty() ? "." : dir.string();  // nothing is written there but --out
+  c.trainer.out_dir(dir.empty() ? "." : dir.string());  // nothing is written there but --out
   train::Trainer trainer = make_trainer(c);
   trainer.resume(ck);
   trainer.save(a.out);

@@ -1,10 +1,13 @@
 // The run configuration: model, task, optimisation and run settings in one flat set of
 // keys. Every field has one name, used as the TOML key, the long command-line option
-// (--name) and in the config stored inside each checkpoint; the model's keys are those
-// its kind declares (nn::ModelKind), not a second list.
+// (--name) and in the config stored inside each checkpoint. The model's keys are those
+// its kind declares (nn::ModelKind) and the optimisation and run keys those
+// train::TrainerOptions declares (its spec): this file lists only the task's and the
+// tool's own.
 #pragma once
 
 #include <tinylm/spec.h>
+#include <tinylm/train/trainer.h>
 
 #include <c10/util/Exception.h>
 
@@ -33,36 +36,15 @@ struct RunConfig {
   int64_t seq_len = 12;
   std::string data;                  // text: the training file; tokens: a prepared corpus (directory)
   double val_fraction = 0.1;         // text task: the tail of the file held out
-  // ---- optimisation
-  std::string optimizer = "adam";    // adam | adamw (no decay on biases, norms, embeddings)
-  double lr = 5e-3;
-  double weight_decay = 0.0;         // adamw only
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  std::string lr_schedule = "constant";  // constant | cosine (after warmup)
-  int64_t warmup_steps = 0;
-  double min_lr_ratio = 0.1;         // cosine decays to lr * min_lr_ratio
-  double grad_clip = 0.0;            // max global grad norm; 0 = off
-  int64_t grad_accum = 1;            // micro-batches per optimizer step
-  bool fused_optimizer = true;       // Adam/AdamW over one flat buffer (else LibTorch's)
-  int64_t batch_size = 16;
-  int64_t epochs = 3;
-  int64_t steps_per_epoch = 120;
-  // ---- run
-  int64_t seed = 42;
+  // ---- optimisation and run: the Trainer's own options, whose spec
+  // (train::TrainerOptions::spec()) gives their keys (lr, batch-size, out-dir ...), rules
+  // and help; the defaults are the reference run's, out-dir runs/default.
+  train::TrainerOptions trainer;
+  // ---- run: what the tool alone decides
   std::string device = "auto";       // auto | cpu | cuda | cuda:N
-  bool bf16 = false;                 // CUDA only: bf16 autocast
   int64_t threads = 1;               // intra-op CPU threads; 0 = LibTorch's default
-  int64_t log_every = 40;            // steps between progress lines
-  int64_t eval_every = 0;            // steps between validations; 0 = once per epoch
-  int64_t eval_batches = 8;
-  std::string out_dir = "runs/default";
-  int64_t save_every = 0;            // steps between checkpoints; 0 = once per epoch
-  int64_t keep_last = 3;             // step checkpoints kept (best.ckpt is kept apart)
-  bool stop_when_solved = false;     // synthetic tasks: stop once validation is solved
-  double solve_loss = 0.01;          // solved = 100% validation accuracy and loss below this
 
-  int64_t total_steps() const { return epochs * steps_per_epoch; }
+  int64_t total_steps() const { return trainer.total_steps(); }
   /// The model's context: context-length, or seq-len where that is 0.
   int64_t effective_context() const;
 

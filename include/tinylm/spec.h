@@ -37,6 +37,7 @@ struct OptionInfo {
   std::string help;
   std::optional<OptionValue> default_value;  // none: it must be given
   std::vector<std::string> choices;          // a text option's allowed values
+  std::string group;                         // a heading for a front end ("" = none)
 };
 
 /// The stored text of a value: true/false, a decimal integer, the shortest decimal that
@@ -54,8 +55,10 @@ struct Rule {
   std::string says;
 };
 Rule<int64_t> at_least(int64_t min);
-Rule<double> fraction();  // [0, 1)
-Rule<double> positive();  // finite and > 0
+Rule<double> fraction();       // [0, 1)
+Rule<double> unit_interval();  // [0, 1]
+Rule<double> positive();       // finite and > 0
+Rule<double> non_negative();   // finite and >= 0
 
 /// The spec of an options struct O (fields reached through accessors returning a
 /// reference, such as TORCH_ARG's).
@@ -68,6 +71,16 @@ class OptionSpec {
   /// A bool, integer, real or text field; `ref(o)` returns a reference to it.
   template <typename Ref, typename T = std::decay_t<std::invoke_result_t<Ref, O&>>>
   OptionSpec& add(const char* name, Ref ref, const char* help, Rule<T> rule = {}) {
+    return field<T>(
+        name, [ref](const O& o) { return T(ref(const_cast<O&>(o))); }, [ref](O& o, const T& v) { ref(o) = v; },
+        help, std::move(rule));
+  }
+
+  /// A field read and written through functions: one that is not a member of its own,
+  /// or is held in another type (an unsigned seed as an integer).
+  template <typename T>
+  OptionSpec& field(const char* name, std::function<T(const O&)> get, std::function<void(O&, const T&)> set,
+                    const char* help, Rule<T> rule = {}) {
     static_assert(std::is_same_v<T, bool> || std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
                       std::is_same_v<T, std::string>,
                   "an option is bool, int64_t, double or std::string (enums: choice())");
@@ -75,11 +88,12 @@ class OptionSpec {
     f.info.name = name;
     f.info.type = type_of(OptionValue(T{}));
     f.info.help = help;
-    f.get = [ref](const O& o) { return OptionValue(ref(const_cast<O&>(o))); };
-    f.set = [ref](O& o, const OptionValue& v) { ref(o) = std::get<T>(v); };
+    f.info.group = group_;
+    f.get = [get](const O& o) { return OptionValue(get(o)); };
+    f.set = [set](O& o, const OptionValue& v) { set(o, std::get<T>(v)); };
     if (rule.holds)
-      f.violation = [ref, rule](const O& o) {
-        const T& v = ref(const_cast<O&>(o));
+      f.violation = [get, rule](const O& o) {
+        const T v = get(o);
         return rule.holds(v) ? std::string() : rule.says + ", got " + option_text(OptionValue(v));
       };
     fields_.push_back(std::move(f));
@@ -94,6 +108,7 @@ class OptionSpec {
     f.info.name = name;
     f.info.type = OptionType::text;
     f.info.help = help;
+    f.info.group = group_;
     for (const auto& n : names) f.info.choices.push_back(n.first);
     f.get = [ref, names](const O& o) {
       const E v = ref(const_cast<O&>(o));
@@ -106,6 +121,12 @@ class OptionSpec {
         if (n.first == std::get<std::string>(v)) ref(o) = n.second;
     };
     fields_.push_back(std::move(f));
+    return *this;
+  }
+
+  /// The fields added from now on belong to `group` (a heading for a front end).
+  OptionSpec& group(std::string name) {
+    group_ = std::move(name);
     return *this;
   }
 
@@ -199,6 +220,7 @@ class OptionSpec {
     return nullptr;
   }
   std::string owner_;
+  std::string group_;
   std::vector<Field> fields_;
   std::vector<std::function<std::string(const O&, Spelling)>> rules_;
 };

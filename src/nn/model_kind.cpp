@@ -5,6 +5,7 @@
 #include "internal/system.h"
 #include "nn/builtin_kinds.h"
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -105,6 +106,16 @@ int64_t parameter_count(const ModelArchitecture& a) {
   TORCH_CHECK(elements >= 0 && elements < 9e18, "a ", printable(a.kind), " model with these options would have ",
               elements, " parameters, more than any model can");
   return static_cast<int64_t>(elements);
+}
+
+BatchMemory batch_memory(const ModelArchitecture& a, double rows, double seq_len, bool training) {
+  const ModelKind& kind = checked_kind(a, /*warn=*/false);
+  if (kind.batch_memory) return kind.batch_memory(a, rows, seq_len, training);
+  BatchMemory m;  // the logits (and their gradient) at least
+  auto v = a.options.find("vocab_size");
+  const double vocab = v != a.options.end() ? std::strtod(v->second.c_str(), nullptr) : 0;
+  m.activation_bytes = 4 * (training ? 2 : 1) * rows * seq_len * vocab;
+  return m;
 }
 
 LanguageModel build_model(const ModelArchitecture& a) {

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 
@@ -112,37 +113,62 @@ torch::Device resolve_device(const std::string& spec, int64_t local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+const OptionSpec<TrainerOptions>& TrainerOptions::spec() {
+  using O = TrainerOptions;
+  static const auto spec = [] {
+    OptionSpec<O> s("TrainerOptions");
+    s.group("optim");
+    s.choice("optimizer", [](O& o) -> auto& { return o.optimizer().kind(); },
+             {{"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}},
+             "adam or adamw (adamw: no decay on biases, norms, embeddings)");
+    s.add("lr", [](O& o) -> auto& { return o.optimizer().lr(); }, "peak learning rate", positive());
+    s.add("weight_decay", [](O& o) -> auto& { return o.optimizer().weight_decay(); }, "AdamW weight decay",
+          non_negative());
+    s.add("beta1", [](O& o) -> auto& { return o.optimizer().beta1(); }, "Adam beta1", fraction());
+    s.add("beta2", [](O& o) -> auto& { return o.optimizer().beta2(); }, "Adam beta2", fraction());
+    s.add("eps", [](O& o) -> auto& { return o.optimizer().eps(); }, "Adam epsilon", positive());
+    s.choice("lr_schedule", [](O& o) -> auto& { return o.schedule().kind(); },
+             {{"constant", LRSchedule::constant}, {"cosine", LRSchedule::cosine}}, "constant or cosine (after warmup)");
+    s.add("warmup_steps", [](O& o) -> auto& { return o.schedule().warmup_steps(); }, "linear warmup steps",
+          at_least(0));
+    s.add("min_lr_ratio", [](O& o) -> auto& { return o.schedule().min_lr_ratio(); },
+          "cosine floor as a fraction of lr", unit_interval());
+    s.add(TINYLM_OPTION(O, grad_clip), "max global gradient norm; 0 = off", non_negative());
+    s.add(TINYLM_OPTION(O, grad_accum), "micro-batches per optimizer step", at_least(1));
+    s.add("fused_optimizer", [](O& o) -> auto& { return o.optimizer().flat(); },
+          "Adam/AdamW fused over one flat parameter buffer");
+    s.add(TINYLM_OPTION(O, batch_size), "sequences per micro-batch", at_least(1));
+    s.add(TINYLM_OPTION(O, epochs), "epochs", at_least(1));
+    s.add(TINYLM_OPTION(O, steps_per_epoch), "optimizer steps per epoch", at_least(1));
+    s.group("run");
+    // Held unsigned; a config file's integers are signed, so its own rule asks for >= 0.
+    s.field<int64_t>(
+        "seed", [](const O& o) { return static_cast<int64_t>(o.seed()); },
+        [](O& o, const int64_t& v) { o.seed(static_cast<uint64_t>(v)); }, "seed for weights, data and dropout");
+    s.add(TINYLM_OPTION(O, bf16), "bf16 autocast (CUDA only)");
+    s.add(TINYLM_OPTION(O, log_every), "steps between progress lines", at_least(1));
+    s.add(TINYLM_OPTION(O, eval_every), "steps between validations; 0 = once per epoch", at_least(0));
+    s.add(TINYLM_OPTION(O, eval_batches), "batches per validation", at_least(1));
+    s.add(TINYLM_OPTION(O, out_dir), "directory for checkpoints and metrics.jsonl");
+    s.add(TINYLM_OPTION(O, save_every), "steps between checkpoints; 0 = once per epoch", at_least(0));
+    s.add(TINYLM_OPTION(O, keep_last), "step checkpoints to keep (best.ckpt is extra)", at_least(1));
+    s.add(TINYLM_OPTION(O, stop_when_solved), "stop once validation accuracy is 100% and loss < solve-loss");
+    s.add(TINYLM_OPTION(O, solve_loss), "validation loss below which a solved task may stop", positive());
+    s.rule([](const O& o, Spelling sp) {
+      int64_t product = 0;
+      if (!__builtin_mul_overflow(o.epochs(), o.steps_per_epoch(), &product)) return std::string();
+      return c10::str(spell("epochs", sp), " ", o.epochs(), " x ", spell("steps_per_epoch", sp), " ",
+                      o.steps_per_epoch(), " overflows the step counter (max ", std::numeric_limits<int64_t>::max(), ")");
+    });
+    return s;
+  }();
+  return spec;
+}
+
 void validate(const TrainerOptions& o) {
-  const auto& opt = o.optimizer();
-  TORCH_CHECK(std::isfinite(opt.lr()) && opt.lr() > 0, "TrainerOptions: optimizer lr must be > 0, got ", opt.lr());
-  TORCH_CHECK(opt.beta1() >= 0 && opt.beta1() < 1, "TrainerOptions: optimizer beta1 must be in [0, 1), got ", opt.beta1());
-  TORCH_CHECK(opt.beta2() >= 0 && opt.beta2() < 1, "TrainerOptions: optimizer beta2 must be in [0, 1), got ", opt.beta2());
-  TORCH_CHECK(std::isfinite(opt.eps()) && opt.eps() > 0, "TrainerOptions: optimizer eps must be > 0, got ", opt.eps());
-  TORCH_CHECK(std::isfinite(opt.weight_decay()) && opt.weight_decay() >= 0,
-              "TrainerOptions: optimizer weight_decay must be >= 0, got ", opt.weight_decay());
-  const auto& s = o.schedule();
-  TORCH_CHECK(s.warmup_steps() >= 0, "TrainerOptions: schedule warmup_steps must be >= 0, got ", s.warmup_steps());
-  TORCH_CHECK(s.min_lr_ratio() >= 0 && s.min_lr_ratio() <= 1,
-              "TrainerOptions: schedule min_lr_ratio must be in [0, 1], got ", s.min_lr_ratio());
-  TORCH_CHECK(o.batch_size() >= 1, "TrainerOptions: batch_size must be >= 1, got ", o.batch_size());
-  TORCH_CHECK(o.epochs() >= 1, "TrainerOptions: epochs must be >= 1, got ", o.epochs());
-  TORCH_CHECK(o.steps_per_epoch() >= 1, "TrainerOptions: steps_per_epoch must be >= 1, got ", o.steps_per_epoch());
-  int64_t product = 0;
-  TORCH_CHECK(!__builtin_mul_overflow(o.epochs(), o.steps_per_epoch(), &product),
-              "TrainerOptions: epochs ", o.epochs(), " x steps_per_epoch ", o.steps_per_epoch(),
-              " overflows a 64-bit step count");
-  TORCH_CHECK(o.grad_accum() >= 1, "TrainerOptions: grad_accum must be >= 1, got ", o.grad_accum());
-  TORCH_CHECK(std::isfinite(o.grad_clip()) && o.grad_clip() >= 0,
-              "TrainerOptions: grad_clip must be >= 0 (0 = off), got ", o.grad_clip());
+  TrainerOptions::spec().check(o);
   TORCH_CHECK(!o.bf16() || o.device().is_cuda(),
               "TrainerOptions: bf16 autocast needs a CUDA device, got device ", o.device());
-  TORCH_CHECK(o.log_every() >= 1, "TrainerOptions: log_every must be >= 1, got ", o.log_every());
-  TORCH_CHECK(o.eval_every() >= 0, "TrainerOptions: eval_every must be >= 0, got ", o.eval_every());
-  TORCH_CHECK(o.eval_batches() >= 1, "TrainerOptions: eval_batches must be >= 1, got ", o.eval_batches());
-  TORCH_CHECK(o.save_every() >= 0, "TrainerOptions: save_every must be >= 0, got ", o.save_every());
-  TORCH_CHECK(o.keep_last() >= 1, "TrainerOptions: keep_last must be >= 1, got ", o.keep_last());
-  TORCH_CHECK(std::isfinite(o.solve_loss()) && o.solve_loss() > 0,
-              "TrainerOptions: solve_loss must be > 0, got ", o.solve_loss());
 }
 
 double learning_rate_at(const TrainerOptions& o, int64_t step) {

@@ -38,7 +38,7 @@ ckpt=good/step-00000012.ckpt
 # ---- flags
 expect_error "unknown flag"          "--bogus"              "$tinylm" train --bogus 3
 expect_error "non-numeric value"     "--lr"                 "$tinylm" train --lr fast
-expect_error "invalid value"         "lr must be > 0"       "$tinylm" train --lr -1
+expect_error "invalid value"         "lr must be a finite number > 0" "$tinylm" train --lr -1
 expect_error "heads do not divide"   "must be divisible"    "$tinylm" train --d-model 30
 expect_error "unknown task"          "task must be one of"  "$tinylm" train --task addition
 expect_error "missing subcommand"    "subcommand"           "$tinylm"

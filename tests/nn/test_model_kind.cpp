@@ -163,3 +163,22 @@ TEST_CASE("a program's kind round-trips through a checkpoint, and a damaged one 
   CHECK_THAT(error_message([&] { train::read_checkpoint((dir / "damaged.ckpt").string()); }),
              Catch::Contains("the test-bigram model it describes (vocab_size 6) has 36 parameters, but it stores 25"));
 }
+
+TEST_CASE("a kind's memory formula sizes a batch; a kind without one counts the logits", "[nn][model_kind]") {
+  register_table_bigram_once();
+  const auto bigram = std::make_shared<TableBigramImpl>(TableBigramOptions(7))->architecture();
+  CHECK(batch_memory(bigram, 2, 3, /*training=*/true).activation_bytes == 4 * 2 * 2 * 3 * 7);
+  CHECK(batch_memory(bigram, 2, 3, /*training=*/false).activation_bytes == 4 * 2 * 3 * 7);
+  // The transformer keeps each layer's activations for the backward pass: one more layer
+  // adds the same amount; inference holds one layer at a time.
+  auto layers = [](int64_t n, bool training) {
+    return batch_memory(architecture_of(TransformerLMOptions(100, 64, 32, 4, n)), 8, 64, training).activation_bytes;
+  };
+  CHECK(layers(3, true) - layers(2, true) == Approx(layers(2, true) - layers(1, true)));
+  CHECK(layers(3, true) > layers(2, true));
+  CHECK(layers(3, false) == layers(1, false));
+  // Sinusoidal rows are a buffer; learned positions are weights.
+  const auto learned = architecture_of(TransformerLMOptions(100, 64, 32, 4, 1));
+  const auto sinusoidal = architecture_of(TransformerLMOptions(100, 64, 32, 4, 1).positions(PositionEncoding::sinusoidal));
+  CHECK(batch_memory(sinusoidal, 1, 16, true).buffer_bytes > batch_memory(learned, 1, 16, true).buffer_bytes);
+}

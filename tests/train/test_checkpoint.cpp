@@ -49,8 +49,8 @@ RunConfig small_transformer() {
 TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[checkpoint]") {
   const auto dir = scratch("roundtrip");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
-  c.lr = 1.25e-3;
+  c.trainer.out_dir(dir.string());
+  c.trainer.optimizer().lr(1.25e-3);
   Trainer trainer = make_trainer(c);
   const auto path = (dir / "a.ckpt").string();
   trainer.save(path);
@@ -75,7 +75,7 @@ TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[che
 TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpoint][errors]") {
   const auto dir = scratch("bad");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
+  c.trainer.out_dir(dir.string());
   Trainer trainer = make_trainer(c);
   const auto good = dir / "good.ckpt";
   trainer.save(good.string());
@@ -214,13 +214,13 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
   load_model_state(ck, *model);
   const RunConfig stored = config_from_checkpoint(ck);
   auto task = make_task(stored);
-  const auto m = evaluate(*model, *task, 5, stored.batch_size, 1234, torch::kCPU);
+  const auto m = evaluate(*model, *task, 5, stored.trainer.batch_size(), 1234, torch::kCPU);
   CHECK(m.loss == Approx(f.eval_loss).epsilon(1e-6));
 
   const auto dir = scratch(std::string("fixture_") + f.file);
   RunConfig c = stored;
-  c.epochs = 4;  // 16 steps: 4 past the checkpoint
-  c.out_dir = dir.string();
+  c.trainer.epochs(4);  // 16 steps: 4 past the checkpoint
+  c.trainer.out_dir(dir.string());
   Trainer trainer = make_trainer(c);
   trainer.resume(ck);
   for (double expected : f.next_losses) {
@@ -304,7 +304,7 @@ TEST_CASE("a damaged architecture or metadata is refused before any model is bui
           "[checkpoint][errors]") {
   const auto dir = scratch("damaged_architecture");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
+  c.trainer.out_dir(dir.string());
   Trainer trainer = make_trainer(c);
   trainer.save((dir / "good.ckpt").string());
   const std::string good = read_file(dir / "good.ckpt");
@@ -352,9 +352,9 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   // each is skipped with a warning, and the rest loads, evaluates and resumes.
   const auto dir = scratch("future");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
-  c.epochs = 1;
-  c.steps_per_epoch = 4;
+  c.trainer.out_dir(dir.string());
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(4);
   Trainer trainer = make_trainer(c);
   trainer.train_step();
   trainer.save((dir / "now.ckpt").string());
@@ -400,8 +400,8 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   // (any other exception, a crash or a sanitizer report fails the suite).
   const auto dir = scratch("fuzz");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
-  c.optimizer = "adamw";
+  c.trainer.out_dir(dir.string());
+  c.set("optimizer", "adamw");
   c.set("dropout", 0.1);
   Trainer trainer = make_trainer(c);
   trainer.train_step();
@@ -449,7 +449,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
 TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[checkpoint][errors]") {
   const auto dir = scratch("nonfinite");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
+  c.trainer.out_dir(dir.string());
   Trainer trainer = make_trainer(c);
   trainer.train_step();
   {
@@ -466,7 +466,7 @@ TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[chec
 TEST_CASE("a checkpoint holding NaN weights is refused when loaded", "[checkpoint][errors]") {
   const auto dir = scratch("nanload");
   RunConfig c = small_transformer();
-  c.out_dir = dir.string();
+  c.trainer.out_dir(dir.string());
   Trainer trainer = make_trainer(c);
   trainer.save((dir / "good.ckpt").string());
   auto ck = read_checkpoint((dir / "good.ckpt").string());

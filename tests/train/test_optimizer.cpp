@@ -56,9 +56,9 @@ double optimizer_divergence(bool adamw, int steps) {
 /// A run config that logs nothing, in its own scratch directory.
 RunConfig optimizer_run(const std::string& name) {
   RunConfig c;
-  c.out_dir = tinylm::test::scratch_dir("optimizer_" + name).string();
-  c.log_every = 1000;
-  c.eval_batches = 2;
+  c.trainer.out_dir(tinylm::test::scratch_dir("optimizer_" + name).string());
+  c.trainer.log_every(1000);
+  c.trainer.eval_batches(2);
   return c;
 }
 
@@ -141,11 +141,11 @@ TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train
   auto run = [](double wd, const std::string& name) {
     RunConfig c = optimizer_run(name);
     c.model = "transformer";
-    c.optimizer = "adamw";
-    c.weight_decay = wd;
-    c.lr = 0.05;
-    c.epochs = 1;
-    c.steps_per_epoch = 1;  // one step: later steps would see different gradients
+    c.set("optimizer", "adamw");
+    c.trainer.optimizer().weight_decay(wd);
+    c.trainer.optimizer().lr(0.05);
+    c.trainer.epochs(1);
+    c.trainer.steps_per_epoch(1);  // one step: later steps would see different gradients
     Trainer t = make_trainer(c);
     t.fit();
     return t.model()->named_parameters();

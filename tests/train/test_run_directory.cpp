@@ -36,10 +36,10 @@ std::map<std::string, std::string> run_dir_snapshot(const fs::path& dir) {
 /// A short run (4 steps an epoch) writing into `dir`.
 RunConfig run_dir_config(const fs::path& dir) {
   RunConfig c;
-  c.out_dir = dir.string();
-  c.steps_per_epoch = 4;
-  c.log_every = 1000;
-  c.eval_batches = 1;
+  c.trainer.out_dir(dir.string());
+  c.trainer.steps_per_epoch(4);
+  c.trainer.log_every(1000);
+  c.trainer.eval_batches(1);
   return c;
 }
 

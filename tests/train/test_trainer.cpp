@@ -24,10 +24,10 @@ namespace {
 
 RunConfig quiet(const std::string& name) {
   RunConfig c;
-  c.out_dir = (fs::temp_directory_path() / ("tinylm_trainer_test_" + name)).string();
-  fs::remove_all(c.out_dir);
-  c.log_every = 1000;
-  c.eval_batches = 2;
+  c.trainer.out_dir((fs::temp_directory_path() / ("tinylm_trainer_test_" + name)).string());
+  fs::remove_all(c.trainer.out_dir());
+  c.trainer.log_every(1000);
+  c.trainer.eval_batches(2);
   return c;
 }
 
@@ -38,11 +38,11 @@ RunConfig small_dropout_run(const std::string& name) {
   c.set("n-heads", 2);
   c.set("n-layers", 1);
   c.set("dropout", 0.1);  // dropout draws random numbers every step
-  c.epochs = 1;
-  c.steps_per_epoch = 4;
-  c.log_every = 100;
-  c.eval_batches = 1;
-  c.out_dir = tinylm::test::scratch_dir("library_" + name).string();
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(4);
+  c.trainer.log_every(100);
+  c.trainer.eval_batches(1);
+  c.trainer.out_dir(tinylm::test::scratch_dir("library_" + name).string());
   return c;
 }
 
@@ -66,37 +66,37 @@ TEST_CASE("the same config and seed give the same losses", "[train][reproducible
   RunConfig c = quiet("repro");
   c.model = "transformer";
   c.set("dropout", 0.1);  // dropout draws from the seeded generator too
-  c.epochs = 1;
-  c.steps_per_epoch = 15;
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(15);
   auto a = make_trainer(c).fit().losses;
-  c.out_dir = quiet("repro_b").out_dir;  // a run directory holds one run
+  c.trainer.out_dir(quiet("repro_b").trainer.out_dir());  // a run directory holds one run
   auto b = make_trainer(c).fit().losses;
   CHECK(a == b);
-  c.seed = 43;
-  c.out_dir = quiet("repro_c").out_dir;
+  c.trainer.seed(43);
+  c.trainer.out_dir(quiet("repro_c").trainer.out_dir());
   CHECK(make_trainer(c).fit().losses != a);
 }
 
 TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
   RunConfig c = quiet("resume");
   c.model = "transformer";
-  c.optimizer = "adamw";
-  c.weight_decay = 0.1;
+  c.set("optimizer", "adamw");
+  c.trainer.optimizer().weight_decay(0.1);
   c.set("dropout", 0.1);
-  c.lr_schedule = "cosine";
-  c.warmup_steps = 4;
-  c.grad_clip = 1.0;
-  c.epochs = 2;
-  c.steps_per_epoch = 10;
-  c.save_every = 7;
+  c.set("lr-schedule", "cosine");
+  c.trainer.schedule().warmup_steps(4);
+  c.trainer.grad_clip(1.0);
+  c.trainer.epochs(2);
+  c.trainer.steps_per_epoch(10);
+  c.trainer.save_every(7);
   const auto full = make_trainer(c).fit();
 
   std::atomic<bool> stop{false};
   // Stop after step 7 has been checkpointed: the stop flag is read between steps.
   RunConfig c7 = c;
-  c7.log_every = 7;
-  c7.out_dir += "_part";  // its own directory: the full run's checkpoints are elsewhere
-  fs::remove_all(c7.out_dir);
+  c7.trainer.log_every(7);
+  c7.trainer.out_dir() += "_part";  // its own directory: the full run's checkpoints are elsewhere
+  fs::remove_all(c7.trainer.out_dir());
   Trainer part = make_trainer(c7);
   part.on_progress = [&](const StepRecord& rec) { if (rec.step == 7) stop = true; };
   auto r1 = part.fit(&stop);
@@ -104,7 +104,7 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
   REQUIRE(r1.end_step == 7);
 
   Trainer resumed = make_trainer(c7);
-  resumed.resume(read_checkpoint(resolve_checkpoint_path(c7.out_dir)));
+  resumed.resume(read_checkpoint(resolve_checkpoint_path(c7.trainer.out_dir())));
   auto r2 = resumed.fit();
   REQUIRE(r2.start_step == 7);
   REQUIRE(r2.losses.size() == 13);
@@ -117,18 +117,18 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
 
 TEST_CASE("learning rate: linear warmup then cosine to the floor", "[train][schedule]") {
   RunConfig c;
-  c.lr = 1.0;
-  c.warmup_steps = 10;
-  c.epochs = 1;
-  c.steps_per_epoch = 110;
-  c.lr_schedule = "cosine";
-  c.min_lr_ratio = 0.1;
+  c.trainer.optimizer().lr(1.0);
+  c.trainer.schedule().warmup_steps(10);
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(110);
+  c.set("lr-schedule", "cosine");
+  c.trainer.schedule().min_lr_ratio(0.1);
   CHECK(learning_rate_at(trainer_options(c), 0) == Approx(0.1));
   CHECK(learning_rate_at(trainer_options(c), 9) == Approx(1.0));
   CHECK(learning_rate_at(trainer_options(c), 10) == Approx(1.0));
   CHECK(learning_rate_at(trainer_options(c), 60) == Approx(0.55));
   CHECK(learning_rate_at(trainer_options(c), 110) == Approx(0.1));
-  c.lr_schedule = "constant";
+  c.set("lr-schedule", "constant");
   CHECK(learning_rate_at(trainer_options(c), 60) == 1.0);
 }
 
@@ -137,10 +137,10 @@ TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accu
   // same data and must follow the same trajectory up to float rounding.
   auto run = [](int64_t batch, int64_t accum, const std::string& name) {
     RunConfig c = quiet(name);
-    c.epochs = 1;
-    c.steps_per_epoch = 10;
-    c.batch_size = batch;
-    c.grad_accum = accum;
+    c.trainer.epochs(1);
+    c.trainer.steps_per_epoch(10);
+    c.trainer.batch_size(batch);
+    c.trainer.grad_accum(accum);
     return make_trainer(c).fit().losses;
   };
   auto one = run(16, 1, "accum1"), two = run(8, 2, "accum2");
@@ -155,10 +155,10 @@ TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accu
 TEST_CASE("a NaN loss stops training with a clear error and keeps the last checkpoint",
           "[train][errors]") {
   RunConfig c = quiet("nan");
-  c.epochs = 1;
-  c.steps_per_epoch = 20;
-  c.save_every = 5;
-  c.log_every = 6;
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(20);
+  c.trainer.save_every(5);
+  c.trainer.log_every(6);
   Trainer t = make_trainer(c);
   // After step 6 (step 5 is checkpointed), poison a weight: step 7's loss is NaN.
   t.on_progress = [&](const StepRecord& rec) {
@@ -171,19 +171,19 @@ TEST_CASE("a NaN loss stops training with a clear error and keeps the last check
   CHECK_THAT(msg, Catch::Contains("the loss became nan at step 7"));
   CHECK_THAT(msg, Catch::Contains("the last good checkpoint is"));
   CHECK_THAT(msg, Catch::Contains("step-00000005.ckpt"));
-  auto ck = read_checkpoint((fs::path(c.out_dir) / "step-00000005.ckpt").string());
+  auto ck = read_checkpoint((fs::path(c.trainer.out_dir()) / "step-00000005.ckpt").string());
   auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
   CHECK_FALSE(model->parameters().front().isnan().any().item<bool>());
-  CHECK_FALSE(fs::exists(fs::path(c.out_dir) / "step-00000007.ckpt"));
+  CHECK_FALSE(fs::exists(fs::path(c.trainer.out_dir()) / "step-00000007.ckpt"));
 }
 
 TEST_CASE("a solved task stops early when asked", "[train][solve]") {
   RunConfig c = quiet("solve");
-  c.epochs = 20;
-  c.eval_every = 20;
-  c.stop_when_solved = true;
-  c.solve_loss = 0.05;
+  c.trainer.epochs(20);
+  c.trainer.eval_every(20);
+  c.trainer.stop_when_solved(true);
+  c.trainer.solve_loss(0.05);
   auto r = make_trainer(c).fit();
   CHECK(r.solved);
   CHECK(r.end_step < c.total_steps());
@@ -193,13 +193,13 @@ TEST_CASE("a solved task stops early when asked", "[train][solve]") {
 
 TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
   RunConfig c = quiet("prune");
-  c.epochs = 1;
-  c.steps_per_epoch = 10;
-  c.save_every = 2;
-  c.keep_last = 2;
+  c.trainer.epochs(1);
+  c.trainer.steps_per_epoch(10);
+  c.trainer.save_every(2);
+  c.trainer.keep_last(2);
   make_trainer(c).fit();
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(c.out_dir)) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(c.trainer.out_dir())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{".tinylm.lock", "best.ckpt", "metrics.jsonl",
                                           "step-00000008.ckpt", "step-00000010.ckpt"});
@@ -230,7 +230,7 @@ TEST_CASE("building and using a Trainer leaves the global seed and thread counts
     Trainer t = make_trainer(c);
     t.fit();
     t.validate();
-    t.save(c.out_dir + "/again.ckpt");
+    t.save(c.trainer.out_dir() + "/again.ckpt");
   }
   CHECK(torch::equal(torch::rand({8}), expected));
   CHECK(at::get_num_threads() == 1);

@@ -4,6 +4,7 @@
 
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/model.h>
+#include <tinylm/spec.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/distributed.h>
 #include <tinylm/train/optimizer.h>
@@ -122,9 +123,15 @@ struct TrainerOptions {
 
  public:
   int64_t total_steps() const { return epochs_ * steps_per_epoch_; }
+
+  /// Every option a run sets (all but device, recipe and process_group), declared once
+  /// with its rule and help, in two groups (optim, run): validate() checks them, and the
+  /// tinylm tool makes its config keys and flags of them.
+  static const OptionSpec<TrainerOptions>& spec();
 };
 
-/// Throws, naming the option, its value and the rule, when an option is invalid.
+/// Throws, naming the option, its value and the rule, when an option is invalid: each
+/// rule of TrainerOptions::spec(), and bf16 only on a CUDA device.
 void validate(const TrainerOptions& options);
 
 /// The learning rate at `step` (0-based): linear warmup, then constant or cosine decay.
