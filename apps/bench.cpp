@@ -119,7 +119,7 @@ RunConfig p2_config() {  // the medium model
   c.set("d-model", 256);
   c.set("n-heads", 8);
   c.set("n-layers", 4);
-  c.seq_len = 128;
+  c.task_options.seq_len(128);
   c.trainer.batch_size(16);
   c.set("optimizer", "adamw");
   c.trainer.optimizer().weight_decay(0.1);
@@ -131,14 +131,14 @@ RunConfig p2_config() {  // the medium model
 Json describe(const RunConfig& c) {
   return {{"model", c.model}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
           {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model == "tiny" ? 1 : c.get<int64_t>("n-layers")},
-          {"seq", c.seq_len}, {"batch", c.trainer.batch_size()}, {"optimizer", c.get<std::string>("optimizer")},
+          {"seq", c.task_options.seq_len()}, {"batch", c.trainer.batch_size()}, {"optimizer", c.get<std::string>("optimizer")},
           {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.trainer.optimizer().flat()}};
 }
 
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
 /// every layer and the LM head, and attention's two T x T products (full, not causal).
 double train_flops_per_step(const RunConfig& c) {
-  const double D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), T = c.seq_len, L = c.get<int64_t>("n-layers"), e = c.get<int64_t>("mlp-expansion");
+  const double D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), T = c.task_options.seq_len(), L = c.get<int64_t>("n-layers"), e = c.get<int64_t>("mlp-expansion");
   const double per_token = 2.0 * (L * (4.0 + 2.0 * e) * D * D + V * D) + 4.0 * L * T * D;
   return 3.0 * per_token * T * c.trainer.batch_size() * c.trainer.grad_accum();
 }
@@ -320,12 +320,12 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   RunConfig c = p2_config();
   if (quick) {
     c.set("n-layers", 1);
-    c.seq_len = 32;
+    c.task_options.seq_len(32);
     c.trainer.batch_size(4);
   }
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
-  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   emit("p2", "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   const double flops = train_flops_per_step(c);
   emit_value("p2", "model_gflops", "GFLOP/s", flops / s.median / 1e9, describe(c));
@@ -418,7 +418,7 @@ RunConfig dp_config(bool quick) {
   RunConfig c = p2_config();  // timing only: train_step writes no files
   if (quick) {
     c.set("n-layers", 1);
-    c.seq_len = 32;
+    c.task_options.seq_len(32);
     c.trainer.batch_size(4);
   }
   return c;
@@ -482,7 +482,7 @@ Json run_dp_job(int64_t world, bool quick) {
 void bench_dp(bool quick) {
   RunConfig c = dp_config(quick);
   train::Trainer t = make_trainer(c);
-  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   const int rounds = quick ? 1 : 3;
   std::vector<double> one_1, one_2, two_1, allreduce_ms, share;
   const int64_t steps = dp_steps(quick);
@@ -598,7 +598,7 @@ RunConfig data_config() {
   c.set("d-model", 64);
   c.set("n-heads", 4);
   c.set("n-layers", 2);
-  c.seq_len = 128;
+  c.task_options.seq_len(128);
   c.trainer.batch_size(16);
   c.set("optimizer", "adamw");
   c.trainer.out_dir(scratch_dir() + "-run");
@@ -613,9 +613,9 @@ int64_t data_steps(bool quick) { return quick ? 4 : 300; }
 void bench_data_worker(const std::string& dir, bool in_memory, bool quick) {
   TORCH_CHECK(!dir.empty(), "bench-worker data needs --data DIR (the data case starts it)");
   RunConfig c = data_config();
-  c.data = dir;
+  c.task_options.data(dir);
   auto task = std::make_shared<data::TokenFileTask>(
-      dir, c.seq_len, data::TokenFileTaskOptions{in_memory});
+      dir, c.task_options.seq_len(), data::TokenFileTaskOptions{in_memory});
   c.set("vocab-size", task->vocab_size());
   train::Trainer t(build_model(c), task, trainer_options(c));
   for (int i = 0; i < 3; ++i) t.train_step();
@@ -697,7 +697,7 @@ void bench_data(bool quick) {
   const int rounds = quick ? 1 : 3;
   std::vector<double> mapped_rate, memory_rate, rate_ratio, big_rss, small_rss, memory_rss, mapped_batch,
       memory_batch;
-  const double tokens = static_cast<double>(c.trainer.batch_size() * c.seq_len);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   for (int r = 0; r < rounds; ++r) {
     const Json mapped = run_data_worker(big_dir, false, quick);
     const Json memory = run_data_worker(big_dir, true, quick);

@@ -3,7 +3,8 @@
 #include <tinylm/nn/model_kind.h>
 #include <tinylm/run.h>
 
-#include "internal/system.h"
+#include "internal/files.h"
+#include "internal/text.h"
 #include "internal/toml_text.h"
 
 #include <c10/util/Exception.h>
@@ -92,8 +93,10 @@ ConfigField member(const char* name, const char* group, const char* help, T R::*
 // A key for each field of an options struct the config holds (`held`), its help, type,
 // choices and group from the struct's spec.
 template <typename O>
-void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O R::*held) {
+void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O R::*held,
+                     const std::string& skip = "") {
   for (const auto& o : spec.describe(O{})) {
+    if (o.name == skip) continue;
     ConfigField f;
     f.name = spell(o.name, Spelling::config);
     f.group = o.group;
@@ -205,10 +208,12 @@ const Fields& fields() {
     Fields out;
     add_model_fields(out);
     auto& l = out.list;
-    l.push_back(member("task", "task", "repeat, copy, reverse, sort, text (a file's bytes, in memory) or tokens (a prepared corpus, memory-mapped)", &R::task, {"repeat", "copy", "reverse", "sort", "text", "tokens"}));
-    l.push_back(member("seq-len", "task", "tokens per training sequence", &R::seq_len));
-    l.push_back(member("data", "task", "text task: the training text file; tokens task: the directory tinylm prepare made", &R::data));
-    l.push_back(member("val-fraction", "task", "text task: fraction of the file held out for validation", &R::val_fraction));
+    const auto tasks = data::task_kind_names();
+    l.push_back(member("task", "task", "", &R::task, tasks));
+    l.back().help = "the task kind: " + join(tasks) +
+                    " (text: a file's bytes, in memory; tokens: a prepared corpus, memory-mapped)";
+    // The task's vocabulary is the model's vocab-size.
+    add_spec_fields(out.list, data::TaskOptions::spec(), &R::task_options, "vocab_size");
     add_spec_fields(out.list, train::TrainerOptions::spec(), &R::trainer);
     l.push_back(member("device", "run", "auto, cpu, cuda or cuda:N", &R::device));
     l.push_back(member("threads", "run", "CPU threads for LibTorch and OpenBLAS; 0 = their defaults", &R::threads));
@@ -240,7 +245,7 @@ int64_t RunConfig::effective_context() const {
   const int64_t c = it != model_options.end() && std::holds_alternative<int64_t>(it->second)
                         ? std::get<int64_t>(it->second)
                         : 0;
-  return c > 0 ? c : seq_len;
+  return c > 0 ? c : task_options.seq_len();
 }
 
 void RunConfig::set(const std::string& key, OptionValue value) {
@@ -335,26 +340,15 @@ void validate(const RunConfig& c) {
                                                 ? c.model_options.at("context_length")
                                                 : OptionValue(int64_t{0}));
   TORCH_CHECK(context >= 0, "context-length must be >= 0 (0 = seq-len), got ", context);
-  TORCH_CHECK(c.seq_len >= 1, "seq-len must be >= 1, got ", c.seq_len);
+  // The task's rules (its settings' spec, then its kind's), with the model's vocabulary.
+  data::TaskOptions task = c.task_options;
+  task.vocab_size(c.get<int64_t>("vocab-size"));
+  data::check_task(c.task, task, Spelling::config);
   // The model's own rules, each stated once by its kind, in the config's spelling.
   std::vector<std::string> unknown;
   nn::find_model_kind(c.model).check(model_architecture(c), Spelling::config, &unknown);
-  TORCH_CHECK(c.effective_context() >= c.seq_len, "context-length ", context, " is shorter than seq-len ",
-              c.seq_len);
-  if (c.task == "copy" || c.task == "reverse" || c.task == "sort") {
-    TORCH_CHECK(c.seq_len >= 3, "task ", c.task, " needs seq-len >= 3, got ", c.seq_len);
-  }
-  if (c.task == "text") {
-    TORCH_CHECK(!c.data.empty(), "task text needs a training file: set data = \"path/to/file.txt\"");
-    TORCH_CHECK(c.get<int64_t>("vocab-size") == 256, "task text is byte-level: vocab-size must be 256, got ",
-                c.get<int64_t>("vocab-size"));
-    TORCH_CHECK(c.val_fraction > 0 && c.val_fraction < 1, "val-fraction must be in (0, 1), got ",
-                c.val_fraction);
-  }
-  if (c.task == "tokens") {
-    TORCH_CHECK(!c.data.empty(), "task tokens needs a prepared corpus: set data = \"DIR\", a directory made by "
-                "tinylm prepare");
-  }
+  TORCH_CHECK(c.effective_context() >= task.seq_len(), "context-length ", context, " is shorter than seq-len ",
+              task.seq_len());
   // The Trainer's own rules, stated once by its options' spec.
   train::TrainerOptions::spec().check(c.trainer, Spelling::config);
   // What only a run config has: a signed seed, the tool's threads, a place to write, and
@@ -364,9 +358,9 @@ void validate(const RunConfig& c) {
   TORCH_CHECK(c.threads >= 0, "threads must be >= 0 (0 = LibTorch's default), got ", c.threads);
   TORCH_CHECK(!t.out_dir().empty(), "out-dir must not be empty");
   int64_t product = 0;
-  TORCH_CHECK(!__builtin_mul_overflow(t.batch_size(), c.seq_len, &product) &&
+  TORCH_CHECK(!__builtin_mul_overflow(t.batch_size(), task.seq_len(), &product) &&
                   !__builtin_mul_overflow(product, t.grad_accum(), &product),
-              "batch-size ", t.batch_size(), " x seq-len ", c.seq_len, " x grad-accum ", t.grad_accum(),
+              "batch-size ", t.batch_size(), " x seq-len ", task.seq_len(), " x grad-accum ", t.grad_accum(),
               " overflows the token counter");
 }
 

@@ -4,7 +4,8 @@
 
 #include <tinylm/nn/model.h>
 
-#include "internal/system.h"
+#include "internal/files.h"
+#include "internal/text.h"
 #include "interop/torch_file.h"
 
 #include <ATen/core/Dict.h>

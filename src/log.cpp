@@ -1,7 +1,7 @@
 // tinylm's logger, and text from elsewhere made safe to print.
 #include <tinylm/log.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 

@@ -8,9 +8,11 @@
 #include <tinylm/train/resources.h>
 
 #include "internal/generator_scope.h"
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <torch/torch.h>
+
+#include <algorithm>
 
 namespace tinylm {
 
@@ -51,12 +53,9 @@ nn::LanguageModel build_model(const RunConfig& c) {
 }
 
 std::unique_ptr<data::Task> make_task(const RunConfig& c) {
-  if (c.task == "repeat") return std::make_unique<data::RepeatTask>(c.seq_len, c.get<int64_t>("vocab-size"));
-  if (c.task == "copy" || c.task == "reverse" || c.task == "sort")
-    return std::make_unique<data::SequenceTransformTask>(c.task, c.seq_len, c.get<int64_t>("vocab-size"));
-  if (c.task == "text") return std::make_unique<data::TextTask>(c.data, c.seq_len, c.val_fraction);
-  if (c.task == "tokens") return std::make_unique<data::TokenFileTask>(c.data, c.seq_len);
-  TORCH_CHECK(false, "unknown task '", c.task, "': use repeat, copy, reverse, sort, text or tokens");
+  data::TaskOptions options = c.task_options;
+  options.vocab_size(c.get<int64_t>("vocab-size"));  // the model's
+  return data::make_task(c.task, options);
 }
 
 train::TrainerOptions trainer_options(const RunConfig& c) {
@@ -118,7 +117,7 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   run.checkpoint = std::move(checkpoint);
   run.config = config_from_checkpoint(run.checkpoint);
   auto& cfg = run.config;
-  if (!data_override.empty()) cfg.data = data_override;
+  if (!data_override.empty()) cfg.task_options.data(data_override);
   run.device = train::resolve_device(options.device);
   check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = nn::build_model(run.checkpoint.architecture);
@@ -130,7 +129,8 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
     try {
       run.task = make_task(cfg);
     } catch (const c10::Error& e) {
-      const bool file_data = cfg.task == "text" || cfg.task == "tokens";
+      const auto& reads = data::find_task_kind(cfg.task).reads;
+      const bool file_data = std::find(reads.begin(), reads.end(), "data") != reads.end();
       TINYLM_CHECK(!file_data || !data_override.empty(), ErrorKind::data_needed, e.what_without_backtrace(),
                    " (the checkpoint's data; give its path if it moved)");
       throw;
@@ -141,7 +141,7 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
     TINYLM_CHECK(run.task->tokenizer()->kind() == run.tokenizer->kind() &&
                      run.task->tokenizer()->model_bytes() == run.tokenizer->model_bytes(),
                  ErrorKind::data_needed, "checkpoint '", run.checkpoint.path,
-                 "' was trained with another tokenizer than the data '", cfg.data, "' (",
+                 "' was trained with another tokenizer than the data '", cfg.task_options.data(), "' (",
                  run.tokenizer->describe(), " vs ", run.task->tokenizer()->describe(),
                  "): give the data path of the corpus it was trained on");
   TORCH_CHECK(run.tokenizer->vocab_size() <= run.model->vocab_size(), "checkpoint '", run.checkpoint.path,

@@ -4,7 +4,8 @@
 #include <tinylm/run.h>
 #include <tinylm/train/resources.h>
 
-#include "internal/system.h"
+#include "internal/files.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 
@@ -22,13 +23,13 @@ train::MemoryEstimate estimate_memory(const RunConfig& c, int64_t batch_size, bo
   m.parameters = nn::parameter_elements(architecture);
   // Weights; in training also their gradients and Adam's two moments.
   m.parameter_bytes = 4 * m.parameters * (training ? 4 : 1);
-  const auto batch = nn::batch_memory(architecture, static_cast<double>(batch_size), static_cast<double>(c.seq_len),
+  const auto batch = nn::batch_memory(architecture, static_cast<double>(batch_size), static_cast<double>(c.task_options.seq_len()),
                                       training);
   m.activation_bytes = batch.activation_bytes;
   m.buffer_bytes = batch.buffer_bytes;
-  if (c.task == "text" && !c.data.empty()) {
+  if (c.task == "text" && !c.task_options.data().empty()) {
     try {
-      m.data_bytes = 2.0 * internal::check_regular_file(c.data, "data file");  // read, then held
+      m.data_bytes = 2.0 * internal::check_regular_file(c.task_options.data(), "data file");  // read, then held
     } catch (const c10::Error&) {
       m.data_bytes = 0;  // the task reports a missing or unusable file itself
     }
@@ -58,7 +59,7 @@ void check_memory(const RunConfig& c, int64_t batch_size, bool training, bool on
       continue;
     RunConfig smaller = c;
     f.set(smaller, f.get(defaults));
-    if (smaller.effective_context() < smaller.seq_len) continue;
+    if (smaller.effective_context() < smaller.task_options.seq_len()) continue;
     const bool is_batch = f.name == "batch-size";
     double t = best;
     try {

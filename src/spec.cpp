@@ -1,7 +1,7 @@
 // Option values as text, and the common rules.
 #include <tinylm/spec.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <cctype>
 #include <cerrno>

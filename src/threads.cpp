@@ -1,7 +1,7 @@
 // CPU threading for LibTorch and OpenBLAS.
 #include <tinylm/threads.h>
 
-#include "internal/system.h"
+#include "internal/machine.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

@@ -18,7 +18,7 @@ TEST_CASE("defaults are the reference run and validate", "[config]") {
   CHECK(c.get<int64_t>("vocab-size") == 64);
   CHECK(c.get<int64_t>("d-model") == 32);
   CHECK(c.get<int64_t>("n-heads") == 4);
-  CHECK(c.seq_len == 12);
+  CHECK(c.task_options.seq_len() == 12);
   CHECK(c.trainer.batch_size() == 16);
   CHECK(c.total_steps() == 360);
   CHECK(c.trainer.optimizer().lr() == 5e-3);
@@ -32,7 +32,7 @@ TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
   c.trainer.optimizer().lr(3.0000000000000001e-4);
   c.set("dropout", 0.1);
   c.set("pre-ln", false);
-  c.data = "some \"quoted\" path\\x";
+  c.task_options.data("some \"quoted\" path\\x");
   c.set("n-layers", 7);
   RunConfig back;
   const auto keys = apply_toml(back, to_toml(c), "round-trip");
@@ -86,7 +86,7 @@ TEST_CASE("validate names the field, the value and the rule", "[config][errors]"
              Catch::Contains("context-length 4 is shorter than seq-len 12"));
   CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; }),
              Catch::Contains("task text needs a training file"));
-  CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; c.data = "f"; }),
+  CHECK_THAT(bad([](RunConfig& c) { c.task = "text"; c.task_options.data("f"); }),
              Catch::Contains("vocab-size must be 256, got 64"));
   CHECK_THAT(bad([](RunConfig& c) { c.trainer.batch_size(0); }),
              Catch::Contains("batch-size must be >= 1, got 0"));
@@ -108,7 +108,7 @@ TEST_CASE("every shipped config file parses and validates", "[config][configs]")
     INFO(entry.path());
     RunConfig c;
     apply_toml_file(c, entry.path().string());
-    if (c.task == "text") c.data = TINYLM_SOURCE_DIR "/" + c.data;
+    if (c.task == "text") c.task_options.data(TINYLM_SOURCE_DIR "/" + c.task_options.data());
     validate(c);
     ++n;
   }
@@ -151,7 +151,7 @@ TEST_CASE("text outside ASCII is read in strings and comments only, before toml+
                                  "data = 'données'\ntask = \"\"\"copy\"\"\"\n", "ok.toml");
   CHECK(set.size() == 3);
   CHECK(c.trainer.out_dir() == "runs/naïve ☃");
-  CHECK(c.data == "données");
+  CHECK(c.task_options.data() == "données");
 }
 
 TEST_CASE("to_toml writes the largest doubles, which read back exactly", "[config]") {

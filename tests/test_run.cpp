@@ -47,7 +47,7 @@ TEST_CASE("model_architecture carries the config's model settings", "[run]") {
 
   c.model = "transformer";
   c.set("context-length", 0);  // = seq-len
-  c.seq_len = 10;
+  c.task_options.seq_len(10);
   c.set("n-layers", 3);
   c.set("mlp-expansion", 2);
   c.set("dropout", 0.25);
@@ -178,7 +178,7 @@ TEST_CASE("make_trainer builds the config's run and refuses a task of another vo
 
   RunConfig c;
   c.task = "tokens";
-  c.data = p.out_dir;
+  c.task_options.data(p.out_dir);
   c.device = "cpu";
   c.trainer.out_dir((dir / "run").string());
   CHECK_THAT(error_message([&] { make_trainer(c); }),

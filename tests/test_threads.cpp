@@ -3,7 +3,7 @@
 
 #include <tinylm/threads.h>
 
-#include "internal/system.h"
+#include "internal/machine.h"
 
 #include <ATen/Parallel.h>
 

@@ -45,7 +45,7 @@ int run_import(const ImportArgs& a) {
   // --task and --data when resuming to train on text).
   RunConfig cfg;
   set_model(cfg, model->architecture());  // every option as imported
-  cfg.seq_len = o.context_length();  // fine-tuning trains on the model's whole context
+  cfg.task_options.seq_len(o.context_length());  // fine-tuning trains on the model's whole context
   cfg.set("optimizer", "adamw");           // nanoGPT's (any optimizer may be chosen: no state is stored)
   cfg.trainer.out_dir(std::filesystem::path(a.out).has_parent_path()
                     ? std::filesystem::path(a.out).parent_path().string() : ".");

@@ -153,7 +153,7 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
             nn::count_parameters(model), device.str(), at::get_num_threads());
   if (device.is_cpu()) log->info("cpu kernels: {}", nn::cpu_kernels_description());
   log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
-            cfg.task, cfg.get<int64_t>("vocab-size"), cfg.seq_len, cfg.trainer.batch_size(), cfg.trainer.grad_accum(), cfg.trainer.epochs(),
+            cfg.task, cfg.get<int64_t>("vocab-size"), cfg.task_options.seq_len(), cfg.trainer.batch_size(), cfg.trainer.grad_accum(), cfg.trainer.epochs(),
             cfg.trainer.steps_per_epoch(), cfg.get<std::string>("optimizer"), cfg.trainer.optimizer().lr());
 }
 
@@ -388,7 +388,7 @@ int run_train(const TrainArgs& args) {
   log->info("final: train loss {:.6f} | validation loss {:.6f} | accuracy {:.2f}% | exact match {:.2f}%",
             result.losses.empty() ? 0.0 : result.losses.back(), m.loss, 100 * m.accuracy,
             100 * m.exact_match);
-  if (lead && cfg.seq_len <= 32) print_heatmap(trainer);  // wider ones do not fit a terminal
+  if (lead && cfg.task_options.seq_len() <= 32) print_heatmap(trainer);  // wider ones do not fit a terminal
   log->info("checkpoints: last {} | best {} | metrics {}/metrics.jsonl", result.last_checkpoint,
             result.best_checkpoint, cfg.trainer.out_dir());
   return 0;

@@ -1,11 +1,12 @@
 // The run configuration: model, task, optimisation and run settings in one flat set of
 // keys. Every field has one name, used as the TOML key, the long command-line option
 // (--name) and in the config stored inside each checkpoint. The model's keys are those
-// its kind declares (nn::ModelKind) and the optimisation and run keys those
-// train::TrainerOptions declares (its spec): this file lists only the task's and the
-// tool's own.
+// its kind declares (nn::ModelKind), the task's those data::TaskOptions declares, the
+// optimisation and run keys those train::TrainerOptions declares: this file lists only
+// the tool's own.
 #pragma once
 
+#include <tinylm/data/task_kind.h>
 #include <tinylm/spec.h>
 #include <tinylm/train/trainer.h>
 
@@ -31,11 +32,10 @@ struct RunConfig {
   // config_fields() makes a key of each, and model_architecture() hands a kind its own.
   std::string model = "tiny";  // tiny (the reference TinyAttentionLM) | transformer | a registered kind
   std::map<std::string, OptionValue> model_options;
-  // ---- task
-  std::string task = "repeat";       // repeat | copy | reverse | sort | text | tokens
-  int64_t seq_len = 12;
-  std::string data;                  // text: the training file; tokens: a prepared corpus (directory)
-  double val_fraction = 0.1;         // text task: the tail of the file held out
+  // ---- task: a registered kind (data::find_task_kind) and the settings any task takes,
+  // whose spec (data::TaskOptions::spec()) gives their keys; vocab_size is the model's.
+  std::string task = "repeat";
+  data::TaskOptions task_options;
   // ---- optimisation and run: the Trainer's own options, whose spec
   // (train::TrainerOptions::spec()) gives their keys (lr, batch-size, out-dir ...), rules
   // and help; the defaults are the reference run's, out-dir runs/default.

@@ -2,7 +2,8 @@
 #include <tinylm/data/prepare.h>
 #include <tinylm/data/token_file.h>
 
-#include "internal/system.h"
+#include "internal/files.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

@@ -1,10 +1,9 @@
 // Tasks. B = batch, T = sequence length, V = vocab size, h = prefix length
 #include <tinylm/data/tasks.h>
 
-#include "internal/system.h"
+#include "internal/files.h"
 
 #include <torch/torch.h>
-
 
 namespace tinylm::data {
 

@@ -1,7 +1,9 @@
 // Token files and the task that trains on them. B = batch, T = sequence length
 #include <tinylm/data/token_file.h>
 
-#include "internal/system.h"
+#include "internal/crc32.h"
+#include "internal/files.h"
+#include "internal/text.h"
 
 #include <torch/torch.h>
 

@@ -3,7 +3,9 @@
 
 #include "data/sentencepiece/model_check.h"
 #include "data/sentencepiece/module.h"
-#include "internal/system.h"
+#include "internal/files.h"
+#include "internal/machine.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 

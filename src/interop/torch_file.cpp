@@ -3,7 +3,8 @@
 // checked together.
 #include "interop/torch_file.h"
 
-#include "internal/system.h"
+#include "internal/crc32.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>

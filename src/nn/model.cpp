@@ -6,7 +6,7 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/nn/model_kind.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 #include "nn/builtin_kinds.h"
 #include "nn/fused_tiny_lm.h"
 

@@ -2,7 +2,8 @@
 #include <tinylm/log.h>
 #include <tinylm/nn/model_kind.h>
 
-#include "internal/system.h"
+#include "internal/machine.h"
+#include "internal/text.h"
 #include "nn/builtin_kinds.h"
 
 #include <cstdlib>

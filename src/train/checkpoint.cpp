@@ -8,7 +8,9 @@
 #include <tinylm/train/run_directory.h>
 #include <tinylm/version.h>
 
-#include "internal/system.h"
+#include "internal/crc32.h"
+#include "internal/files.h"
+#include "internal/text.h"
 #include "train/legacy_recipe.h"
 
 #include <nlohmann/json.hpp>
@@ -49,7 +51,6 @@ T get(const std::string& in, size_t offset) {
     value |= static_cast<T>(static_cast<unsigned char>(in[offset + i])) << (8 * i);
   return value;
 }
-
 
 std::vector<std::string> parameter_names(nn::LanguageModelImpl& model) {
   std::vector<std::string> names;
@@ -376,7 +377,6 @@ void check_architecture_matches_weights(const Checkpoint& ck) {
 }
 
 }  // namespace
-
 
 void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
                      const Optimizer* optimizer, const TrainingState& state,

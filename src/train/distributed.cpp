@@ -5,7 +5,7 @@
 // collectives share one Impl.
 #include <tinylm/train/distributed.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

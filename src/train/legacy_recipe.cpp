@@ -1,7 +1,7 @@
 // The model of a format-1 or format-2 checkpoint, from its stored run config.
 #include "train/legacy_recipe.h"
 
-#include "internal/system.h"
+#include "internal/text.h"
 #include "internal/toml_text.h"
 
 #include <c10/util/Exception.h>

@@ -1,7 +1,7 @@
 // What the process has: the memory it can still take.
 #include <tinylm/train/resources.h>
 
-#include "internal/system.h"
+#include "internal/machine.h"
 
 namespace tinylm::train {
 

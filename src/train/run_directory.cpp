@@ -3,7 +3,7 @@
 #include <tinylm/log.h>
 #include <tinylm/train/run_directory.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 

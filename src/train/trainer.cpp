@@ -7,7 +7,7 @@
 #include <tinylm/train/trainer.h>
 
 #include "internal/generator_scope.h"
-#include "internal/system.h"
+#include "internal/crc32.h"
 #include "internal/mode_guard.h"
 
 #include <nlohmann/json.hpp>

@@ -5,7 +5,7 @@
 #include <tinylm/data/token_file.h>
 #include <tinylm/data/tokenizer.h>
 
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

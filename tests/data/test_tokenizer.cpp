@@ -10,7 +10,7 @@
 #include <tinylm/train/checkpoint.h>
 
 #include "data/sentencepiece/model_check.h"
-#include "internal/system.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 

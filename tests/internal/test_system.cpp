@@ -1,7 +1,10 @@
-// src/internal/system.cpp: CRC-32, UTF-8, printable(), safe file reads and writes, CPUs, memory.
+// src/internal/{crc32,text,files,machine}.cpp: CRC-32, UTF-8, printable(), safe file reads and writes, CPUs, memory.
 #include "../test_util.h"
 
-#include "internal/system.h"
+#include "internal/crc32.h"
+#include "internal/files.h"
+#include "internal/machine.h"
+#include "internal/text.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // src/train/checkpoint.cpp: round trips, earlier formats, and damaged files refused.
 #include "../test_util.h"
 
-#include "internal/system.h"
+#include "internal/crc32.h"
 
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/nn/model.h>

@@ -27,7 +27,7 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   };
   RunConfig batch = reference, seq = reference, ctx = reference, layers = reference, vocab = reference;
   batch.trainer.batch_size(1000000000);
-  seq.seq_len = 1000000000;
+  seq.task_options.seq_len(1000000000);
   ctx.model = "transformer";  // learned positions: a weight per position
   ctx.set("context-length", 1000000000);
   layers.model = "transformer";
@@ -95,8 +95,8 @@ TEST_CASE("memory estimates count the model's parameters and grow with the batch
   RunConfig text;
   text.task = "text";
   text.set("vocab-size", 256);
-  text.data = (dir / "t.txt").string();
+  text.task_options.data((dir / "t.txt").string());
   CHECK(estimate_memory(text, text.trainer.batch_size(), true).data_bytes == 2000);
-  text.data = (dir / "missing.txt").string();  // the task names a missing file itself
+  text.task_options.data((dir / "missing.txt").string());  // the task names a missing file itself
   CHECK(estimate_memory(text, text.trainer.batch_size(), true).data_bytes == 0);
 }

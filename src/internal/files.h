@@ -1,11 +1,10 @@
-// Internal: what the library asks of the operating system — reading user files safely,
-// showing user text in messages, and how much memory and how many CPUs there are.
+// Internal: user files read safely (regular files only, sizes checked) and files
+// written atomically (temporary name, fsync, rename).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 namespace tinylm::internal {
 
@@ -18,34 +17,6 @@ std::string read_regular_file(const std::string& path, const std::string& what,
 
 /// The same checks without reading; returns the file's size in bytes.
 uint64_t check_regular_file(const std::string& path, const std::string& what);
-
-/// `s` for an error message: control characters, DEL and bytes that are not UTF-8 are
-/// written as \xNN, so a message stays one readable line whatever the user typed.
-std::string printable(std::string_view s);
-
-/// The length of the longest prefix of `s` that is valid UTF-8 (== s.size() when all of
-/// it is): what a reader of text files checks before taking a file.
-size_t utf8_valid_prefix(std::string_view s);
-
-/// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
-std::string to_valid_utf8(std::string_view s);
-
-/// Memory this process can still take, in bytes: the smallest of the kernel's
-/// MemAvailable, the room left under a cgroup v2 limit and the address space left under
-/// RLIMIT_AS. 0 when unknown.
-uint64_t available_memory_bytes();
-
-/// CPUs this process may run on (its affinity mask); at least 1.
-int usable_cpu_count();
-
-/// Refuses a thread count below 0 or above usable_cpu_count() (0 = the default).
-void check_thread_count(int64_t threads);
-
-/// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
-std::string human_bytes(double bytes);
-
-/// CRC-32 (IEEE 802.3), as zlib computes it: the checkpoint header's checksum.
-uint32_t crc32(const void* data, size_t size);
 
 /// A file written in pieces to a temporary name next to `path` (path.tmp.PID) and put in
 /// place by commit(): fsync, rename, fsync of the directory. Destroyed before commit(),

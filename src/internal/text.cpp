@@ -1,0 +1,103 @@
+// Internal: user text in messages, UTF-8, sizes.
+#include "internal/text.h"
+
+#include <cstdint>
+#include <sstream>
+
+namespace tinylm::internal {
+
+namespace {
+
+/// Bytes in the valid UTF-8 sequence starting at s[i] (1 for ASCII), or 0 when the bytes
+/// there are not one (a stray continuation byte, an overlong or surrogate form, a cut).
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  const size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  const auto c1 = static_cast<unsigned char>(s[i + 1]);
+  if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) || (c == 0xF0 && c1 < 0x90) ||
+      (c == 0xF4 && c1 >= 0x90))
+    return 0;  // overlong, a UTF-16 surrogate, or past U+10FFFF
+  return len;
+}
+
+}  // namespace
+
+size_t utf8_valid_prefix(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) break;
+    i += len;
+  }
+  return i;
+}
+
+std::string to_valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    } else {
+      out.append(s.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [&](unsigned char c) {
+    const char* digits = "0123456789ABCDEF";
+    out += "\\x";
+    out += digits[c >> 4];
+    out += digits[c & 0xF];
+  };
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(u == 0 ? 0 : bytes < 10 ? 2 : 1);
+  os << bytes << " " << units[u];
+  if (u == 6 && bytes >= 1024) return "more than 1024 EiB";
+  return os.str();
+}
+
+}  // namespace tinylm::internal

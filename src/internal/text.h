@@ -1,0 +1,25 @@
+// Internal: user text shown in messages (one line, escaped), UTF-8 checks, sizes as
+// people read them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace tinylm::internal {
+
+/// `s` for an error message: control characters, DEL and bytes that are not UTF-8 are
+/// written as \xNN, so a message stays one readable line whatever the user typed.
+std::string printable(std::string_view s);
+
+/// The length of the longest prefix of `s` that is valid UTF-8 (== s.size() when all of
+/// it is): what a reader of text files checks before taking a file.
+size_t utf8_valid_prefix(std::string_view s);
+
+/// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
+std::string to_valid_utf8(std::string_view s);
+
+/// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
+std::string human_bytes(double bytes);
+
+}  // namespace tinylm::internal
