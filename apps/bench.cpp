@@ -110,18 +110,24 @@ RunConfig p1_config() {  // the reference run
   return c;
 }
 
-RunConfig p2_config() {  // the medium model
+/// A transformer trained with AdamW on sequences of 128, batches of 16.
+RunConfig transformer_config(const char* task, int64_t vocab, int64_t d_model, int64_t heads, int64_t layers) {
   RunConfig c;
   c.threads = g_threads;
   c.model = "transformer";
-  c.task = "copy";
-  c.set("vocab-size", 256);
-  c.set("d-model", 256);
-  c.set("n-heads", 8);
-  c.set("n-layers", 4);
+  c.task = task;
+  c.set("vocab-size", vocab);
+  c.set("d-model", d_model);
+  c.set("n-heads", heads);
+  c.set("n-layers", layers);
   c.task_options.seq_len(128);
   c.trainer.batch_size(16);
   c.set("optimizer", "adamw");
+  return c;
+}
+
+RunConfig p2_config() {  // the medium model
+  RunConfig c = transformer_config("copy", 256, 256, 8, 4);
   c.trainer.optimizer().weight_decay(0.1);
   c.trainer.optimizer().lr(1e-3);
   c.trainer.out_dir(scratch_dir());
@@ -590,17 +596,7 @@ void write_token_dir(const std::string& dir, uint64_t tokens, int64_t vocab) {
 }
 
 RunConfig data_config() {
-  RunConfig c;
-  c.threads = g_threads;
-  c.model = "transformer";
-  c.task = "tokens";
-  c.set("vocab-size", 4096);
-  c.set("d-model", 64);
-  c.set("n-heads", 4);
-  c.set("n-layers", 2);
-  c.task_options.seq_len(128);
-  c.trainer.batch_size(16);
-  c.set("optimizer", "adamw");
+  RunConfig c = transformer_config("tokens", 4096, 64, 4, 2);
   c.trainer.out_dir(scratch_dir() + "-run");
   return c;
 }

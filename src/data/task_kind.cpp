@@ -3,6 +3,8 @@
 #include <tinylm/data/token_file.h>
 #include <tinylm/log.h>
 
+#include "internal/kind_registry.h"
+
 #include <c10/util/Exception.h>
 
 #include <memory>
@@ -75,54 +77,27 @@ std::vector<TaskKind> builtin_task_kinds() {
   return out;
 }
 
-struct Registry {
-  std::mutex mutex;
-  std::vector<std::unique_ptr<const TaskKind>> kinds;  // in registration order; never removed
-};
-
-Registry& registry() {
-  static Registry* r = [] {
-    auto* out = new Registry;  // outlives static destruction: kinds may be looked up until exit
-    for (auto& k : builtin_task_kinds()) out->kinds.push_back(std::make_unique<const TaskKind>(std::move(k)));
-    return out;
-  }();
+internal::KindRegistry<TaskKind>& registry() {
+  // Outlives static destruction: kinds may be looked up until the process exits.
+  static auto* r = new internal::KindRegistry<TaskKind>("task", builtin_task_kinds());
   return *r;
-}
-
-std::string kind_list(const Registry& r) {
-  std::string list;
-  for (const auto& k : r.kinds) list += (list.empty() ? "" : ", ") + k->name;
-  return list;
 }
 
 }  // namespace
 
 void register_task_kind(TaskKind kind) {
   TORCH_CHECK(!kind.name.empty() && kind.check && kind.make, "register_task_kind: a kind needs a name, check and make");
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  for (const auto& k : r.kinds)
-    TORCH_CHECK(k->name != kind.name, "register_task_kind: a task kind named '", printable(kind.name),
-                "' is already registered (", kind_list(r), "): choose another name");
-  r.kinds.push_back(std::make_unique<const TaskKind>(std::move(kind)));
+  registry().add(std::move(kind));
 }
 
 const TaskKind& find_task_kind(const std::string& name) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  for (const auto& k : r.kinds)
-    if (k->name == name) return *k;
-  TORCH_CHECK(false, "unknown task '", printable(name), "': the kinds known are ", kind_list(r),
+  const TaskKind* kind = registry().find(name);
+  TORCH_CHECK(kind, "unknown task '", printable(name), "': the kinds known are ", registry().list(),
               "; register yours with register_task_kind (tinylm/data/task_kind.h)");
+  return *kind;
 }
 
-std::vector<std::string> task_kind_names() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::vector<std::string> out;
-  for (const auto& k : r.kinds) out.push_back(k->name);
-  return out;
-}
+std::vector<std::string> task_kind_names() { return registry().names(); }
 
 void check_task(const std::string& kind, const TaskOptions& options, Spelling spelling) {
   const TaskKind& k = find_task_kind(kind);

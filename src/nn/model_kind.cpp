@@ -2,37 +2,21 @@
 #include <tinylm/log.h>
 #include <tinylm/nn/model_kind.h>
 
+#include "internal/kind_registry.h"
 #include "internal/machine.h"
 #include "internal/text.h"
 #include "nn/builtin_kinds.h"
 
 #include <cstdlib>
-#include <map>
-#include <memory>
-#include <mutex>
 
 namespace tinylm::nn {
 
 namespace {
 
-struct Registry {
-  std::mutex mutex;
-  std::vector<std::unique_ptr<const ModelKind>> kinds;  // in registration order; never removed
-};
-
-Registry& registry() {
-  static Registry* r = [] {
-    auto* out = new Registry;  // outlives static destruction: kinds may be looked up until exit
-    for (auto& k : builtin_model_kinds()) out->kinds.push_back(std::make_unique<const ModelKind>(std::move(k)));
-    return out;
-  }();
+internal::KindRegistry<ModelKind>& registry() {
+  // Outlives static destruction: kinds may be looked up until the process exits.
+  static auto* r = new internal::KindRegistry<ModelKind>("model", builtin_model_kinds());
   return *r;
-}
-
-std::string kind_list(const Registry& r) {
-  std::string list;
-  for (const auto& k : r.kinds) list += (list.empty() ? "" : ", ") + k->name;
-  return list;
 }
 
 /// The kind, after checking the architecture's version and options.
@@ -69,31 +53,18 @@ void check_fits(const ModelArchitecture& a, double parameters) {
 void register_model_kind(ModelKind kind) {
   TORCH_CHECK(!kind.name.empty() && kind.check && kind.build,
               "register_model_kind: a kind needs a name, check and build (model_kind() makes them)");
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  for (const auto& k : r.kinds)
-    TORCH_CHECK(k->name != kind.name, "register_model_kind: a model kind named '", printable(kind.name),
-                "' is already registered (", kind_list(r), "): choose another name");
-  r.kinds.push_back(std::make_unique<const ModelKind>(std::move(kind)));
+  registry().add(std::move(kind));
 }
 
 const ModelKind& find_model_kind(const std::string& name) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  for (const auto& k : r.kinds)
-    if (k->name == name) return *k;
-  TORCH_CHECK(false, "cannot build a model of kind '", printable(name), "': the kinds known are ", kind_list(r),
+  const ModelKind* kind = registry().find(name);
+  TORCH_CHECK(kind, "cannot build a model of kind '", printable(name), "': the kinds known are ", registry().list(),
               "; register yours with register_model_kind (tinylm/nn/model_kind.h), or build it in your own code and "
               "load the checkpoint's weights with load_model_state");
+  return *kind;
 }
 
-std::vector<std::string> model_kind_names() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::vector<std::string> out;
-  for (const auto& k : r.kinds) out.push_back(k->name);
-  return out;
-}
+std::vector<std::string> model_kind_names() { return registry().names(); }
 
 double parameter_elements(const ModelArchitecture& a) {
   const ModelKind& kind = checked_kind(a, /*warn=*/false);
