@@ -74,13 +74,12 @@ OptionValue parse_option_text(const OptionInfo& option, const std::string& text,
       const char* begin = text.c_str();
       char* end = nullptr;
       errno = 0;
-      OptionValue v;
-      if (integer) v = static_cast<int64_t>(std::strtoll(begin, &end, 10));
-      else v = std::strtod(begin, &end);
+      const int64_t whole = integer ? static_cast<int64_t>(std::strtoll(begin, &end, 10)) : 0;
+      const double real = integer ? 0.0 : std::strtod(begin, &end);
       if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || end != begin + text.size() ||
           (integer && errno == ERANGE))
         refuse(integer ? "an integer" : "a number");
-      return v;
+      return integer ? OptionValue(whole) : OptionValue(real);
     }
     case OptionType::text:
       if (!option.choices.empty()) {
