@@ -240,6 +240,11 @@ OptionValue coerce(const ConfigField& f, OptionValue v) {
 
 RunConfig::RunConfig() : model_options(fields().model_defaults) { trainer.out_dir("runs/default"); }
 
+data::TaskOptions RunConfig::task_settings() const {
+  data::TaskOptions o = task_options;
+  return o.vocab_size(get<int64_t>("vocab-size"));
+}
+
 int64_t RunConfig::effective_context() const {
   auto it = model_options.find("context_length");
   const int64_t c = it != model_options.end() && std::holds_alternative<int64_t>(it->second)
@@ -341,8 +346,7 @@ void validate(const RunConfig& c) {
                                                 : OptionValue(int64_t{0}));
   TORCH_CHECK(context >= 0, "context-length must be >= 0 (0 = seq-len), got ", context);
   // The task's rules (its settings' spec, then its kind's), with the model's vocabulary.
-  data::TaskOptions task = c.task_options;
-  task.vocab_size(c.get<int64_t>("vocab-size"));
+  const data::TaskOptions task = c.task_settings();
   data::check_task(c.task, task, Spelling::config);
   // The model's own rules, each stated once by its kind, in the config's spelling.
   std::vector<std::string> unknown;

@@ -42,8 +42,10 @@ void set_model(RunConfig& c, const nn::ModelArchitecture& a) {
     c.model_options["context_length"] = before.at("context_length");
 }
 
-nn::LanguageModel build_model(const RunConfig& c) {
-  validate(c);
+namespace {
+
+// The parts of a config already validated (make_trainer validates once for all of them).
+nn::LanguageModel build_checked_model(const RunConfig& c) {
   const auto architecture = model_architecture(c);
   // The reference run seeds LibTorch's generator with the run seed before building the
   // model; the same stream is lent here, and the global generator is left alone.
@@ -52,22 +54,29 @@ nn::LanguageModel build_model(const RunConfig& c) {
   return nn::build_model(architecture);
 }
 
-std::unique_ptr<data::Task> make_task(const RunConfig& c) {
-  data::TaskOptions options = c.task_options;
-  options.vocab_size(c.get<int64_t>("vocab-size"));  // the model's
-  return data::make_task(c.task, options);
-}
-
-train::TrainerOptions trainer_options(const RunConfig& c) {
-  validate(c);
+train::TrainerOptions checked_trainer_options(const RunConfig& c) {
   train::TrainerOptions o = c.trainer;
   o.device(train::resolve_device(c.device)).recipe(to_toml(c));
   return o;
 }
 
+}  // namespace
+
+nn::LanguageModel build_model(const RunConfig& c) {
+  validate(c);
+  return build_checked_model(c);
+}
+
+std::unique_ptr<data::Task> make_task(const RunConfig& c) { return data::make_task(c.task, c.task_settings()); }
+
+train::TrainerOptions trainer_options(const RunConfig& c) {
+  validate(c);
+  return checked_trainer_options(c);
+}
+
 train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGroup> group) {
   validate(c);
-  auto options = trainer_options(c);
+  auto options = checked_trainer_options(c);
   // Each process of a job on one host takes its own GPU (LOCAL_RANK).
   if (group) options.device(train::resolve_device(c.device, group->options().local_rank));
   options.process_group(std::move(group));
@@ -79,7 +88,7 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   const auto vocab = c.get<int64_t>("vocab-size");
   TORCH_CHECK(task->vocab_size() == vocab, "task ", task->name(), " has vocab ", task->vocab_size(),
               " but vocab-size is ", vocab, ": set vocab-size = ", task->vocab_size());
-  return train::Trainer(build_model(c), std::move(task), std::move(options));
+  return train::Trainer(build_checked_model(c), std::move(task), std::move(options));
 }
 
 RunConfig config_from_checkpoint(const train::Checkpoint& ck) {

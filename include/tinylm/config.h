@@ -45,6 +45,8 @@ struct RunConfig {
   int64_t threads = 1;               // intra-op CPU threads; 0 = LibTorch's default
 
   int64_t total_steps() const { return trainer.total_steps(); }
+  /// The task's settings as the task gets them: task_options with the model's vocabulary.
+  data::TaskOptions task_settings() const;
   /// The model's context: context-length, or seq-len where that is 0.
   int64_t effective_context() const;
 
