@@ -86,12 +86,19 @@ std::vector<std::pair<std::string, AttentionKernel>> kernel_names() {
   return out;
 }
 
-// Rules both kinds state about their heads and positions.
+// What every tinylm model takes first, in this order (vocabulary, context, width, heads),
+// and the rule between width and heads.
 template <typename O>
-std::string heads_divide_width(const O& o, Spelling s) {
-  if (o.n_heads() < 1 || o.d_model() % o.n_heads() == 0) return "";
-  return c10::str(spell("d_model", s), " ", o.d_model(), " must be divisible by ", spell("n_heads", s), " ",
-                  o.n_heads());
+void add_shape_options(OptionSpec<O>& s) {
+  s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
+  s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
+  s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
+  s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+  s.rule([](const O& o, Spelling sp) {
+    if (o.n_heads() < 1 || o.d_model() % o.n_heads() == 0) return std::string();
+    return c10::str(spell("d_model", sp), " ", o.d_model(), " must be divisible by ", spell("n_heads", sp), " ",
+                    o.n_heads());
+  });
 }
 std::string even_width_for_sinusoids(int64_t d_model, Spelling s) {
   if (d_model % 2 == 0) return "";
@@ -148,15 +155,11 @@ const OptionSpec<TinyAttentionLMOptions>& TinyAttentionLMOptions::spec() {
   using O = TinyAttentionLMOptions;
   static const auto spec = [] {
     OptionSpec<O> s("TinyAttentionLM");
-    s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+    add_shape_options(s);
     s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal positions' wavelengths", positive());
     s.choice(TINYLM_OPTION(O, attention_kernel), kernel_names(),
              "attention kernel: automatic (the fastest that applies, and the fused whole-model loss), "
              "plain, fused or sdpa");
-    s.rule([](const O& o, Spelling sp) { return heads_divide_width(o, sp); });
     s.rule([](const O& o, Spelling sp) { return even_width_for_sinusoids(o.d_model(), sp); });
     return s;
   }();
@@ -167,10 +170,7 @@ const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
   using O = TransformerLMOptions;
   static const auto spec = [] {
     OptionSpec<O> s("TransformerLM");
-    s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+    add_shape_options(s);
     s.add(TINYLM_OPTION(O, n_layers), "transformer blocks", at_least(1)).required();
     s.add(TINYLM_OPTION(O, mlp_expansion), "MLP hidden width / d_model", at_least(1));
     s.add(TINYLM_OPTION(O, dropout), "embedding and residual dropout", fraction());
@@ -189,7 +189,6 @@ const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
     s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal positions' wavelengths", positive());
     s.choice(TINYLM_OPTION(O, attention_kernel), kernel_names(),
              "attention kernel: automatic (the fastest that applies), plain, fused or sdpa");
-    s.rule([](const O& o, Spelling sp) { return heads_divide_width(o, sp); });
     s.rule([](const O& o, Spelling sp) {
       return o.positions() == PositionEncoding::sinusoidal ? even_width_for_sinusoids(o.d_model(), sp) : "";
     });
