@@ -67,12 +67,8 @@ std::string quote(const std::string& s) {
 }
 
 void check_one_of(const char* key, const std::string& value, const std::vector<std::string>& allowed) {
-  std::string list;
-  for (const auto& a : allowed) {
-    if (value == a) return;
-    list += list.empty() ? a : ", " + a;
-  }
-  TORCH_CHECK(false, key, " must be one of ", list, ", got '", internal::printable(value), "'");
+  TORCH_CHECK(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), key, " must be one of ",
+              internal::join(allowed), ", got '", internal::printable(value), "'");
 }
 
 // A field of RunConfig's own.
@@ -131,12 +127,6 @@ struct Fields {
   std::map<std::string, OptionValue> model_defaults;
 };
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 // One key per option of the registered model kinds (an option several kinds have is one
 // key, of one type), each kind's spec giving its help, type, choices and default.
 void add_model_fields(Fields& out) {
@@ -160,12 +150,12 @@ void add_model_fields(Fields& out) {
     }
   }
   out.list.push_back(member("model", "model", "", &R::model, kinds));
-  out.list.back().help = "the model kind: " + join(kinds);
+  out.list.back().help = "the model kind: " + internal::join(kinds);
   for (const auto& s : seen) {
     ConfigField f;
     f.name = spell(s.info.name, Spelling::config);
     f.group = "model";
-    f.help = s.info.help + (s.kinds.size() < kinds.size() ? " (" + join(s.kinds) + ")" : "");
+    f.help = s.info.help + (s.kinds.size() < kinds.size() ? " (" + internal::join(s.kinds) + ")" : "");
     f.type = s.info.type;
     f.choices = s.info.choices;
     const std::string key = s.info.name;
@@ -210,7 +200,7 @@ const Fields& fields() {
     auto& l = out.list;
     const auto tasks = data::task_kind_names();
     l.push_back(member("task", "task", "", &R::task, tasks));
-    l.back().help = "the task kind: " + join(tasks) +
+    l.back().help = "the task kind: " + internal::join(tasks) +
                     " (text: a file's bytes, in memory; tokens: a prepared corpus, memory-mapped)";
     // The task's vocabulary is the model's vocab-size.
     add_spec_fields(out.list, data::TaskOptions::spec(), &R::task_options, "vocab_size");

@@ -3,6 +3,7 @@
 
 #include "internal/text.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -82,14 +83,9 @@ OptionValue parse_option_text(const OptionInfo& option, const std::string& text,
       return integer ? OptionValue(whole) : OptionValue(real);
     }
     case OptionType::text:
-      if (!option.choices.empty()) {
-        std::string list;
-        for (const auto& c : option.choices) {
-          if (c == text) return text;
-          list += (list.empty() ? "" : ", ") + c;
-        }
-        refuse("one of " + list);
-      }
+      if (!option.choices.empty() &&
+          std::find(option.choices.begin(), option.choices.end(), text) == option.choices.end())
+        refuse("one of " + internal::join(option.choices));
       return text;
   }
   refuse("readable");

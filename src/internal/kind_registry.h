@@ -54,9 +54,9 @@ class KindRegistry {
 
  private:
   std::string list_locked() const {
-    std::string out;
-    for (const auto& k : kinds_) out += (out.empty() ? "" : ", ") + k->name;
-    return out;
+    std::vector<std::string> names;
+    for (const auto& k : kinds_) names.push_back(k->name);
+    return join(names);
   }
 
   std::string what_;

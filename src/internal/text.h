@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tinylm::internal {
 
@@ -18,6 +19,9 @@ size_t utf8_valid_prefix(std::string_view s);
 
 /// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string to_valid_utf8(std::string_view s);
+
+/// The items with ", " between them: "tiny, transformer".
+std::string join(const std::vector<std::string>& items);
 
 /// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
 std::string human_bytes(double bytes);
