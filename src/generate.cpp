@@ -54,6 +54,11 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
 
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
                        const GenerateOptions& options) {
+  return generate(model, prompt, options, TokenCallback{});
+}
+
+torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
+                       const GenerateOptions& options, const TokenCallback& on_token) {
   check_sampling_options(options);
   TORCH_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(0) >= 1 && prompt.size(1) >= 1,
               "generate: prompt must be (B, T) with B, T >= 1, got shape ",
@@ -61,8 +66,7 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
   TORCH_CHECK(prompt.scalar_type() == torch::kLong, "generate: prompt must be int64, got ",
               prompt.scalar_type());
 
-  internal::TrainingModeGuard restore_mode(model);
-  model.eval();
+  internal::TrainingModeGuard eval_mode(model, /*training=*/false);
   torch::NoGradGuard no_grad;
 
   const auto params = model.parameters();
@@ -95,6 +99,7 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
       next = torch::multinomial(probs, 1, /*replacement=*/false, gen).to(device);
     }
     seq = torch::cat({seq, next}, /*dim=*/1);  // (B, T + 1)
+    if (on_token && !on_token(next)) break;
   }
   return seq;
 }

@@ -4,6 +4,8 @@
 #include <tinylm/generate.h>
 #include <tinylm/nn/model.h>
 
+#include <vector>
+
 using namespace tinylm;
 using namespace tinylm::nn;
 using tinylm::test::error_message;
@@ -59,6 +61,28 @@ TEST_CASE("the same seed gives the same tokens and leaves the global RNG untouch
   CHECK(torch::rand({1}).item<double>() == after);
   o.seed = 8;
   CHECK_FALSE(torch::equal(generate(*model, prompt, o), a));
+}
+
+TEST_CASE("streaming generate tells each token as it is made and stops when told", "[generate]") {
+  auto model = small_model();
+  auto prompt = torch::randint(30, {2, 3}, torch::kLong);
+  GenerateOptions o;
+  o.max_new_tokens = 9;
+  o.seed = 5;
+  const auto whole = generate(*model, prompt, o);
+  std::vector<torch::Tensor> told;
+  auto streamed = generate(*model, prompt, o, [&](const torch::Tensor& next) {
+    told.push_back(next.clone());
+    return true;
+  });
+  CHECK(torch::equal(streamed, whole));  // the same tokens as without a callback
+  REQUIRE(told.size() == 9);
+  for (int64_t i = 0; i < 9; ++i) CHECK(torch::equal(told[i], whole.narrow(1, 3 + i, 1)));
+  // Stopping after the fourth token keeps those four, the same as the whole run's.
+  int64_t calls = 0;
+  auto stopped = generate(*model, prompt, o, [&](const torch::Tensor&) { return ++calls < 4; });
+  CHECK(calls == 4);
+  CHECK(torch::equal(stopped, whole.narrow(1, 0, 7)));
 }
 
 TEST_CASE("generate restores train/eval mode and records no gradients", "[generate]") {

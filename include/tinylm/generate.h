@@ -5,6 +5,7 @@
 #include <tinylm/nn/model.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace tinylm {
@@ -36,6 +37,16 @@ struct GenerateOptions {
 /// on the CPU from a private generator, so a seed gives the same tokens on any device.
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
                        const GenerateOptions& options);
+
+/// Told each new column of tokens (B, 1, on the model's device) as soon as it is sampled;
+/// returns false to stop there (a stop sequence met, a client gone, a deadline passed).
+using TokenCallback = std::function<bool(const torch::Tensor& next)>;
+
+/// generate(), streaming: on_token sees every new column as it is made, and generation
+/// ends early when it returns false. Returns the prompt and the tokens made, (B, T + n)
+/// with n <= N; the same tokens as generate() for the same options.
+torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
+                       const GenerateOptions& options, const TokenCallback& on_token);
 
 /// Applies temperature, top-k and top-p to logits (B, V) and returns the
 /// probabilities (B, V) that sampling draws from: for a caller that samples in a loop

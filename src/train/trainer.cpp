@@ -191,8 +191,7 @@ EvalMetrics evaluate(nn::LanguageModelImpl& model, data::Task& task, int64_t bat
   TORCH_CHECK(batch_size % world == 0, "evaluate: batch_size ", batch_size,
               " must be a multiple of the world size ", world);
   const int64_t rows_per_rank = batch_size / world;
-  internal::TrainingModeGuard restore_mode(model);
-  model.eval();
+  internal::TrainingModeGuard eval_mode(model, /*training=*/false);
   torch::NoGradGuard no_grad;
   // Batches are drawn on the CPU from a seeded generator: the same data on any device.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
