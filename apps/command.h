@@ -9,6 +9,7 @@
 #include <tinylm/train/checkpoint.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <string>
@@ -32,6 +33,7 @@ Command add_upgrade(CLI::App& app);
 Command add_prepare(CLI::App& app);
 Command add_export(CLI::App& app);
 Command add_import(CLI::App& app);
+Command add_serve(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_bench_worker(CLI::App& app);  // hidden: started by bench
 
@@ -45,6 +47,9 @@ train::Checkpoint open_checkpoint(const std::string& file_or_dir);
 
 /// eval's and sample's common start: the CPU threads set, the checkpoint opened for
 /// inference (open_for_inference), a missing or wrong data path named as --data.
+/// What a checkpoint holds, as `inspect --json` prints it (without --verify's checks).
+nlohmann::ordered_json checkpoint_json(const train::Checkpoint& checkpoint);
+
 InferenceRun open_run(const std::string& file_or_dir, int64_t threads, const InferenceOptions& options);
 
 }  // namespace tinylm::cli

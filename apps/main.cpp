@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const std::vector<cli::Command> commands = {
       cli::add_train(app, invocation), cli::add_eval(app),   cli::add_sample(app),
       cli::add_bench(app),             cli::add_inspect(app), cli::add_upgrade(app),
-      cli::add_export(app),            cli::add_import(app),  cli::add_prepare(app),
+      cli::add_export(app),            cli::add_import(app),  cli::add_prepare(app), cli::add_serve(app),
       cli::add_bench_worker(app)};
 
   try {

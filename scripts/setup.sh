@@ -2,7 +2,10 @@
 # Installs what tinylm needs from Debian's archive (12 or 13), if it is missing. Idempotent.
 # Run as root (or with sudo available). Nothing is downloaded from anywhere else.
 #   scripts/setup.sh             what the build and the tests need (python3-torch included:
-#                                the tests compare tinylm with PyTorch)
+#                                the tests compare tinylm with PyTorch; chromium,
+#                                chromium-driver and python3-selenium: tinylm serve's page
+#                                is tested in a headless browser; wrk: its benchmark;
+#                                python3-openai where packaged, Debian 13: OpenAI's client)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
 #   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
@@ -46,7 +49,9 @@ else
 fi
 packages+=(cmake ninja-build g++ libopenblas0-pthread libcli11-dev libspdlog-dev catch2
            libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libblas-dev
-           python3-matplotlib "${extra[@]}")
+           python3-matplotlib chromium chromium-driver python3-selenium wrk "${extra[@]}")
+# OpenAI's Python client, for tinylm serve's client test: packaged from Debian 13 on.
+if apt-cache show python3-openai > /dev/null 2>&1; then packages+=(python3-openai); fi
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.
 if [ "$(dpkg --print-architecture)" = "amd64" ]; then packages+=(libxsmm-dev); fi

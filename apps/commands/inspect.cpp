@@ -56,25 +56,9 @@ std::string grouped(int64_t n) {
   return out;
 }
 
-/// Reading the file checks its header, size, checksum and every entry; --verify also
-/// rebuilds the model from its architecture, loads the weights (names, shapes, dtypes,
-/// finite values) and runs one forward pass.
-int run_inspect(const InspectArgs& a) {
-  const auto ck = open_checkpoint(a.checkpoint);
-  const auto bytes = static_cast<int64_t>(std::filesystem::file_size(ck.path));
-  std::string verified;
-  if (a.verify) {
-    auto model = nn::build_model(ck.architecture);
-    train::load_model_state(ck, *model);
-    model->eval();
-    torch::NoGradGuard no_grad;
-    const int64_t T = std::max<int64_t>(1, std::min<int64_t>(8, model->context_length()));
-    auto logits = model->forward(torch::zeros({1, T}, torch::kLong)).logits;
-    TORCH_CHECK(logits.isfinite().all().item<bool>(), "checkpoint '", ck.path,
-                "': the rebuilt model gives non-finite logits");
-    verified = "model rebuilt from its architecture, " + std::to_string(ck.parameter_names.size()) +
-               " weights fit, logits of a 1 x " + std::to_string(T) + " batch finite";
-  }
+}  // namespace
+
+nlohmann::ordered_json checkpoint_json(const train::Checkpoint& ck) {
   const auto& st = ck.state;
   int64_t total = 0;
   nlohmann::ordered_json params = nlohmann::ordered_json::array();
@@ -91,38 +75,64 @@ int run_inspect(const InspectArgs& a) {
   // One dropout stream per rank that trained it.
   const int64_t dropout_streams =
       st.dropout_rng_state.defined() ? (st.dropout_rng_state.dim() == 2 ? st.dropout_rng_state.size(0) : 1) : 0;
+  nlohmann::ordered_json tokenizer = nullptr;
+  if (!ck.tokenizer_kind.empty())
+    tokenizer = {{"kind", ck.tokenizer_kind}, {"model_bytes", ck.tokenizer_model.size()}};
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(ck.path, ec);
+  return {{"path", ck.path}, {"bytes", ec ? 0 : static_cast<int64_t>(bytes)}, {"format_version", ck.format_version},
+          {"tinylm_version", ck.tinylm_version}, {"checksum", "ok"},
+          {"step", st.step}, {"world_size", st.world_size},
+          {"best_val_loss", st.best_val_loss < 1e299 ? nlohmann::ordered_json(st.best_val_loss) : nullptr},
+          {"model", {{"kind", ck.architecture.kind}, {"version", ck.architecture.version}, {"options", options}}},
+          {"tokenizer", tokenizer}, {"parameter_count", total}, {"parameters", params},
+          {"optimizer", {{"kind", ck.optimizer_kind}, {"tensors", ck.optimizer.size()}}},
+          {"generators", {{"data_bytes", generator_bytes(st.data_rng_state)},
+                          {"dropout_streams", dropout_streams},
+                          {"dropout_bytes", generator_bytes(st.dropout_rng_state)}}},
+          {"recipe", ck.recipe}};
+}
+
+namespace {
+
+/// Reading the file checks its header, size, checksum and every entry; --verify also
+/// rebuilds the model from its architecture, loads the weights (names, shapes, dtypes,
+/// finite values) and runs one forward pass.
+int run_inspect(const InspectArgs& a) {
+  const auto ck = open_checkpoint(a.checkpoint);
+  auto j = checkpoint_json(ck);
+  std::string verified;
+  if (a.verify) {
+    auto model = nn::build_model(ck.architecture);
+    train::load_model_state(ck, *model);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t T = std::max<int64_t>(1, std::min<int64_t>(8, model->context_length()));
+    auto logits = model->forward(torch::zeros({1, T}, torch::kLong)).logits;
+    TORCH_CHECK(logits.isfinite().all().item<bool>(), "checkpoint '", ck.path,
+                "': the rebuilt model gives non-finite logits");
+    verified = "model rebuilt from its architecture, " + std::to_string(ck.parameter_names.size()) +
+               " weights fit, logits of a 1 x " + std::to_string(T) + " batch finite";
+  }
   // Built (and so checked) only for what it says; a SentencePiece model needs its module.
   std::string tokenizer =
       "none stored (an import without --tokenizer, or written before tinylm stored tokenizers): the task's own symbols";
-  nlohmann::ordered_json tokenizer_json = nullptr;
   if (!ck.tokenizer_kind.empty()) {
     tokenizer = ck.tokenizer_kind + " (" + std::to_string(ck.tokenizer_model.size()) + " bytes of model)";
-    tokenizer_json = {{"kind", ck.tokenizer_kind}, {"model_bytes", ck.tokenizer_model.size()}};
     if (a.verify) {
       const auto t = train::checkpoint_tokenizer(ck);
       tokenizer = t->describe();
-      tokenizer_json["vocab_size"] = t->vocab_size();
+      j["tokenizer"]["vocab_size"] = t->vocab_size();
     }
   }
   if (a.json) {
-    nlohmann::ordered_json j = {
-        {"path", ck.path}, {"bytes", bytes}, {"format_version", ck.format_version},
-        {"tinylm_version", ck.tinylm_version}, {"checksum", "ok"},
-        {"step", st.step}, {"world_size", st.world_size},
-        {"best_val_loss", st.best_val_loss < 1e299 ? nlohmann::ordered_json(st.best_val_loss) : nullptr},
-        {"model", {{"kind", ck.architecture.kind}, {"version", ck.architecture.version}, {"options", options}}},
-        {"tokenizer", tokenizer_json}, {"parameter_count", total}, {"parameters", params},
-        {"optimizer", {{"kind", ck.optimizer_kind}, {"tensors", ck.optimizer.size()}}},
-        {"generators", {{"data_bytes", generator_bytes(st.data_rng_state)},
-                        {"dropout_streams", dropout_streams},
-                        {"dropout_bytes", generator_bytes(st.dropout_rng_state)}}},
-        {"recipe", ck.recipe}};
     if (a.verify) j["verified"] = verified;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
+  const auto& st = ck.state;
   std::printf("checkpoint %s: %s bytes, format %u (tinylm %s), checksum ok\n", ck.path.c_str(),
-              grouped(bytes).c_str(), ck.format_version,
+              grouped(j["bytes"].get<int64_t>()).c_str(), ck.format_version,
               ck.tinylm_version.empty() ? "before 0.1" : printable(ck.tinylm_version).c_str());
   const std::string optimizer_state = ck.legacy_archive ? std::string("in a LibTorch archive")
                                                         : std::to_string(ck.optimizer.size()) + " tensors";
@@ -135,19 +145,21 @@ int run_inspect(const InspectArgs& a) {
   std::printf("model %s (version %lld):%s\n", printable(ck.architecture.kind).c_str(),
               static_cast<long long>(ck.architecture.version), opts.c_str());
   std::printf("tokenizer: %s\n", printable(tokenizer).c_str());
+  const auto& gen = j["generators"];
+  const auto dropout_streams = gen["dropout_streams"].get<int64_t>();
   std::printf("generators: data %lld bytes, dropout %lld stream(s) of %lld bytes\n",
-              static_cast<long long>(generator_bytes(st.data_rng_state)),
-              static_cast<long long>(dropout_streams),
-              static_cast<long long>(dropout_streams ? generator_bytes(st.dropout_rng_state) / dropout_streams : 0));
+              static_cast<long long>(gen["data_bytes"].get<int64_t>()), static_cast<long long>(dropout_streams),
+              static_cast<long long>(dropout_streams ? gen["dropout_bytes"].get<int64_t>() / dropout_streams : 0));
   size_t width = 9;
   for (const auto& name : ck.parameter_names) width = std::max(width, printable(name).size());
   std::printf("\n%-*s  %-14s %-8s %12s %12s\n", static_cast<int>(width), "parameter", "shape", "dtype", "count", "norm");
-  for (const auto& p : params)
+  for (const auto& p : j["parameters"])
     std::printf("%-*s  %-14s %-8s %12s %12.6g\n", static_cast<int>(width), printable(p["name"].get<std::string>()).c_str(),
                 shape_text(ck.model.at(p["name"].get<std::string>())).c_str(),
                 p["dtype"].get<std::string>().c_str(), grouped(p["count"].get<int64_t>()).c_str(),
                 p["norm"].get<double>());
-  std::printf("%-*s  %-14s %-8s %12s\n", static_cast<int>(width), "total", "", "", grouped(total).c_str());
+  std::printf("%-*s  %-14s %-8s %12s\n", static_cast<int>(width), "total", "", "",
+              grouped(j["parameter_count"].get<int64_t>()).c_str());
   if (!ck.recipe.empty()) {
     std::printf("\nrecipe (the run config it was trained with):\n");
     std::istringstream lines(ck.recipe);
