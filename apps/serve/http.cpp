@@ -1,4 +1,6 @@
 // The HTTP/1.1 layer of `tinylm serve` (see http.h for what it enforces and why).
+// Over 400 lines on purpose: the whole life of a connection (reading with deadlines, the
+// limits, keep-alive, answers, closing) in one file, so every limit can be read together.
 #include "http.h"
 
 #include <nlohmann/json.hpp>

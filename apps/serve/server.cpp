@@ -4,6 +4,9 @@
 // state (the KV cache lives in generate()); `queue` more wait; beyond that, 503.
 #include "server.h"
 
+#include "request.h"
+#include "state.h"
+
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/generate.h>
 
@@ -30,155 +33,6 @@ namespace tinylm::serve {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-/// A request's answer before it is sent: thrown by the checks, caught by the router.
-struct Reject {
-  int status;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::vector<std::string> headers = {};
-};
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-std::string dump(const nlohmann::ordered_json& j) {
-  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
-/// Refuses JSON nested deeper than `limit` before any parser sees it.
-void check_depth(std::string_view body, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit)
-        throw Reject{400, "the JSON body is nested deeper than " + std::to_string(limit) + " levels"};
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-}
-
-json parse_body(const HttpRequest& req) {
-  const auto type = req.header("content-type");
-  if (type.rfind("application/json", 0) != 0)
-    throw Reject{415, "send the body as JSON with Content-Type: application/json (got '" +
-                          (type.empty() ? std::string("none") : type.substr(0, 100)) + "')"};
-  check_depth(req.body, 32);
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    throw Reject{400, std::string("the body is not valid JSON (or not UTF-8): ") + e.what()};
-  }
-  if (!body.is_object()) throw Reject{400, "the body must be a JSON object"};
-  return body;
-}
-
-void check_fields(const json& body, const std::set<std::string>& known) {
-  for (const auto& [key, value] : body.items()) {
-    if (known.count(key)) continue;
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-    throw Reject{400, "unknown field '" + key.substr(0, 64) + "' (known: " + list + ")"};
-  }
-}
-
-// Typed readers of one optional field: absent or null gives `fallback`.
-int64_t integer_field(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  if (!body.contains(name) || body[name].is_null()) return fallback;
-  const auto& v = body[name];
-  if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) &&
-                                  std::abs(v.get<double>()) < 9e18))
-    throw Reject{400, std::string(name) + " must be an integer, got " + v.dump().substr(0, 40)};
-  const auto x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
-                     ? INT64_MAX
-                     : (v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>()));
-  if (x < lo || x > hi)
-    throw Reject{400, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                          "], got " + std::to_string(x)};
-  return x;
-}
-
-double number_field(const json& body, const char* name, double fallback, double lo, double hi, bool lo_open) {
-  if (!body.contains(name) || body[name].is_null()) return fallback;
-  const auto& v = body[name];
-  if (!v.is_number()) throw Reject{400, std::string(name) + " must be a number, got " + v.dump().substr(0, 40)};
-  const double x = v.get<double>();
-  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
-    throw Reject{400, std::string(name) + " must be in " + (lo_open ? "(" : "[") + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "], got " + v.dump()};
-  return x;
-}
-
-bool bool_field(const json& body, const char* name, bool fallback) {
-  if (!body.contains(name) || body[name].is_null()) return fallback;
-  if (!body[name].is_boolean()) throw Reject{400, std::string(name) + " must be true or false"};
-  return body[name].get<bool>();
-}
-
-/// The text a completion adds, as its tokens arrive: decoded with a few tokens of the
-/// prompt before it (so a tokenizer's spaces come out right), with what may still change
-/// held back — a character cut mid-way (U+FFFD at the end) and the tail that could be the
-/// start of a stop sequence.
-class CompletionText {
- public:
-  CompletionText(const data::Tokenizer& tokenizer, const std::vector<int64_t>& prompt,
-                 std::vector<std::string> stops)
-      : tokenizer_(tokenizer), stops_(std::move(stops)) {
-    context_.assign(prompt.end() - std::min<size_t>(prompt.size(), 8), prompt.end());
-    prefix_ = tokenizer_.decode(context_);
-    for (const auto& s : stops_) hold_ = std::max(hold_, s.size() - 1);
-  }
-  /// Adds a token; false once a stop sequence appeared (the text ends before it).
-  bool add(int64_t id) {
-    context_.push_back(id);
-    ++tokens_;
-    auto full = tokenizer_.decode(context_);
-    text_ = full.rfind(prefix_, 0) == 0 ? full.substr(prefix_.size())
-                                        : tokenizer_.decode({context_.end() - tokens_, context_.end()});
-    for (const auto& s : stops_) {
-      const auto at = text_.find(s);
-      if (at != std::string::npos) {
-        text_.resize(at);
-        stopped_ = true;
-      }
-    }
-    return !stopped_;
-  }
-  /// The text not yet handed out that can no longer change (all of it when final).
-  std::string take(bool final) {
-    size_t ready = text_.size();
-    if (!final && !stopped_) {
-      static const std::string replacement = "\xEF\xBF\xBD";
-      while (ready >= 3 && text_.compare(ready - 3, 3, replacement) == 0) ready -= 3;
-      ready = ready > hold_ ? ready - hold_ : 0;
-      while (ready > 0 && (static_cast<unsigned char>(text_[ready]) & 0xC0) == 0x80) --ready;  // a char's start
-    }
-    if (ready <= sent_) return {};
-    auto out = text_.substr(sent_, ready - sent_);
-    sent_ = ready;
-    return out;
-  }
-  const std::string& text() const { return text_; }
-  int64_t tokens() const { return tokens_; }
-  bool stopped() const { return stopped_; }
-
- private:
-  const data::Tokenizer& tokenizer_;
-  std::vector<std::string> stops_;
-  std::vector<int64_t> context_;
-  std::string prefix_, text_;
-  size_t hold_ = 0, sent_ = 0;
-  int64_t tokens_ = 0;
-  bool stopped_ = false;
-};
 
 /// Constant-time comparison of a presented key with the expected one.
 bool same_secret(const std::string& given, const std::string& expected) {
@@ -193,58 +47,6 @@ bool same_secret(const std::string& given, const std::string& expected) {
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
-
-struct Server::State {
-  InferenceRun run;
-  ModelCard model;
-  ServeOptions options;
-  std::unique_ptr<HttpServer> http;
-  // Admission: `active` requests hold a worker, `waiting` wait for one.
-  std::mutex mutex;
-  std::condition_variable freed;
-  int64_t active = 0, waiting = 0;
-  std::atomic<uint64_t> served{0}, next_id{1};
-  std::atomic<bool> stopping{false};
-  std::atomic<int64_t> cancel_at_ns{INT64_MAX};
-
-  /// A worker for this request, or a 503 when `queue` requests already wait.
-  std::shared_ptr<void> admit() {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (stopping.load()) throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
-    if (active >= options.workers) {
-      if (waiting >= options.queue)
-        throw Reject{503,
-                     "the server is busy: " + std::to_string(active) + " requests running and " +
-                         std::to_string(waiting) + " waiting (--workers, --queue); retry shortly",
-                     "server_busy", {"Retry-After: 1"}};
-      ++waiting;
-      freed.wait(lock, [this] { return active < options.workers || stopping.load(); });
-      --waiting;
-      if (stopping.load() && active >= options.workers)
-        throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
-    }
-    ++active;
-    return std::shared_ptr<void>(nullptr, [this](void*) {
-      {
-        std::lock_guard<std::mutex> l(mutex);
-        --active;
-      }
-      freed.notify_one();
-    });
-  }
-
-  bool cancelled() const {
-    return stopping.load() &&
-           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count() >=
-               cancel_at_ns.load();
-  }
-
-  void route(const HttpRequest& req, HttpResponder& res);
-  void completions(const HttpRequest& req, HttpResponder& res);
-  void attention(const HttpRequest& req, HttpResponder& res);
-  void metrics(HttpResponder& res);
-  std::vector<int64_t> encode_prompt(const std::string& text) const;
-};
 
 Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(std::make_unique<State>()) {
   auto& s = *state_;
@@ -275,7 +77,7 @@ void Server::run() { state_->http->run(); }
 
 void Server::stop() {
   auto& s = *state_;
-  const auto at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s.options.shutdown_seconds * 1000));
+  const auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s.options.shutdown_seconds * 1000));
   s.cancel_at_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
   {
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -370,145 +172,6 @@ void Server::State::route(const HttpRequest& req, HttpResponder& res) {
   } catch (const Reject& r) {
     if (!res.responded()) res.error(r.status, r.message, r.type, r.headers);
   }
-}
-
-// ---- /v1/completions ---------------------------------------------------------------------
-
-void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
-  const auto body = parse_body(req);
-  check_fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                      "stream_options", "n", "echo", "logprobs", "best_of", "presence_penalty",
-                      "frequency_penalty", "user", "suffix", "logit_bias"});
-  if (body.contains("model") && !body["model"].is_null() &&
-      (!body["model"].is_string() || body["model"].get<std::string>() != model.id))
-    throw Reject{404, "model " + body["model"].dump().substr(0, 80) + " is not served here; this server has '" +
-                          model.id + "' (GET /v1/models)",
-                 "invalid_request_error"};
-  // What OpenAI's API has and a tiny model does not do, refused unless left at its default.
-  for (const char* one : {"n", "best_of"})
-    if (body.contains(one) && !body[one].is_null() && body[one] != 1)
-      throw Reject{400, std::string(one) + " must be 1: one completion per request"};
-  if (body.contains("logprobs") && !body["logprobs"].is_null())
-    throw Reject{400, "logprobs is not supported (use POST /v1/attention for the next-token distribution)"};
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
-    if (body.contains(penalty) && !body[penalty].is_null() && body[penalty] != 0)
-      throw Reject{400, std::string(penalty) + " is not supported: leave it 0"};
-  if (body.contains("suffix") && !body["suffix"].is_null()) throw Reject{400, "suffix is not supported"};
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
-      !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
-    throw Reject{400, "logit_bias is not supported"};
-  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string())
-    throw Reject{400, "user must be a string"};
-
-  // The prompt: a string, one string in an array, or an array of token ids.
-  if (!body.contains("prompt")) throw Reject{400, "prompt is required"};
-  const auto& p = body["prompt"];
-  std::vector<int64_t> prompt;
-  std::string prompt_text;
-  if (p.is_string()) {
-    prompt_text = p.get<std::string>();
-    prompt = encode_prompt(prompt_text);
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    prompt_text = p[0].get<std::string>();
-    prompt = encode_prompt(prompt_text);
-  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
-    const int64_t V = run.model->vocab_size();
-    for (const auto& x : p) {
-      const auto id = x.get<int64_t>();
-      if (id < 0 || id >= V)
-        throw Reject{400, "prompt token " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")"};
-      prompt.push_back(id);
-    }
-    if (static_cast<int64_t>(prompt.size()) > run.model->context_length())
-      throw Reject{400, "the prompt is " + std::to_string(prompt.size()) + " tokens, over the model's context of " +
-                            std::to_string(run.model->context_length()) + ": shorten it"};
-    prompt_text = run.tokenizer->decode(prompt);
-  } else {
-    throw Reject{400, "prompt must be a string, an array of one string, or an array of token ids"};
-  }
-
-  GenerateOptions g;
-  g.max_new_tokens = integer_field(body, "max_tokens", 16, 0, options.max_tokens);
-  const double temperature = number_field(body, "temperature", 1.0, 0, 2, false);
-  g.greedy = temperature == 0;
-  g.temperature = g.greedy ? 1.0 : temperature;
-  g.top_p = number_field(body, "top_p", 1.0, 0, 1, true);
-  g.top_k = integer_field(body, "top_k", 0, 0, run.model->vocab_size());
-  if (body.contains("seed") && !body["seed"].is_null())
-    g.seed = static_cast<uint64_t>(integer_field(body, "seed", 0, INT64_MIN, INT64_MAX));
-  std::vector<std::string> stops;
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const auto& s = body["stop"];
-    if (s.is_string()) stops.push_back(s.get<std::string>());
-    else if (s.is_array() && s.size() <= 4 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
-      for (const auto& x : s) stops.push_back(x.get<std::string>());
-    else throw Reject{400, "stop must be a string or an array of up to 4 strings"};
-    for (const auto& x : stops)
-      if (x.empty() || x.size() > 256) throw Reject{400, "each stop sequence must be 1 to 256 bytes"};
-  }
-  const bool stream = bool_field(body, "stream", false);
-  const bool echo = bool_field(body, "echo", false);
-  bool include_usage = false;
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-    const auto& so = body["stream_options"];
-    if (!so.is_object()) throw Reject{400, "stream_options must be an object"};
-    check_fields(so, {"include_usage"});
-    include_usage = bool_field(so, "include_usage", false);
-  }
-
-  const auto slot = admit();
-  const std::string id = "cmpl-" + std::to_string(next_id++);
-  const auto created = static_cast<int64_t>(std::time(nullptr));
-  CompletionText text(*run.tokenizer, prompt, stops);
-  std::string finish = "length";
-  auto chunk = [&](const std::string& piece, const json& reason) {
-    return "data: " +
-           dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
-                     {"choices", {{{"text", piece}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", reason}}}}}) +
-           "\n\n";
-  };
-  if (stream && !res.start_stream("text/event-stream")) return;
-  if (stream && echo) res.write_chunk(chunk(prompt_text, nullptr));
-  auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0).to(run.device);
-  if (g.max_new_tokens > 0) {
-    generate(*run.model, ids, g, [&](const torch::Tensor& next) {
-      if (!text.add(next.to(torch::kCPU).item<int64_t>())) {
-        finish = "stop";
-        return false;
-      }
-      if (cancelled()) {
-        finish = "cancelled";
-        return false;
-      }
-      if (stream) {
-        const auto piece = text.take(false);
-        if (!piece.empty() && !res.write_chunk(chunk(piece, nullptr))) return false;
-      }
-      return !res.client_gone();
-    });
-  }
-  ++served;
-  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
-  const json usage = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", text.tokens()},
-                      {"total_tokens", prompt_tokens + text.tokens()}};
-  if (stream) {
-    const auto rest = text.take(true);
-    if (!rest.empty()) res.write_chunk(chunk(rest, nullptr));
-    res.write_chunk(chunk("", finish));
-    if (include_usage)
-      res.write_chunk("data: " +
-                      dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
-                                {"choices", json::array()}, {"usage", usage}}) +
-                      "\n\n");
-    res.write_chunk("data: [DONE]\n\n");
-    res.end_stream();
-    return;
-  }
-  const auto out = (echo ? prompt_text : std::string()) + text.take(true);
-  res.send(200, "application/json",
-           dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
-                     {"choices", {{{"text", out}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}},
-                     {"usage", usage}}));
 }
 
 // ---- /v1/attention -----------------------------------------------------------------------

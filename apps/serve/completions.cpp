@@ -1,0 +1,234 @@
+// POST /v1/completions: OpenAI's completions API, streamed as server-sent events on request.
+#include "request.h"
+#include "state.h"
+
+#include <tinylm/data/tokenizer.h>
+#include <tinylm/generate.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tinylm::serve {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// The text a completion adds, as its tokens arrive. Each new token is decoded with the
+/// tokens before it that are not yet settled and a few settled ones for context (so a
+/// tokenizer's spaces come out right), and settles once it completes a character: the work
+/// per token stays constant however long the completion. What may still change is held
+/// back from take(): a character cut mid-way (U+FFFD at the end) and a tail that could be
+/// the start of a stop sequence.
+class CompletionText {
+ public:
+  CompletionText(const data::Tokenizer& tokenizer, const std::vector<int64_t>& prompt,
+                 std::vector<std::string> stops)
+      : tokenizer_(tokenizer), stops_(std::move(stops)) {
+    context_.assign(prompt.end() - std::min<size_t>(prompt.size(), kContext), prompt.end());
+    prefix_ = tokenizer_.decode(context_);
+    for (const auto& s : stops_) hold_ = std::max(hold_, s.size() - 1);
+  }
+  /// Adds a token; false once a stop sequence appeared (the text ends before it).
+  bool add(int64_t id) {
+    pending_.push_back(id);
+    ++tokens_;
+    auto window = context_;
+    window.insert(window.end(), pending_.begin(), pending_.end());
+    const auto full = tokenizer_.decode(window);
+    const auto piece = full.rfind(prefix_, 0) == 0 ? full.substr(prefix_.size()) : tokenizer_.decode(pending_);
+    text_ = settled_ + piece;
+    if (!ends_cut(piece) || pending_.size() >= 64) {  // settled (64: bytes that never form a character)
+      settled_ = text_;
+      context_ = std::move(window);
+      if (context_.size() > kContext) context_.erase(context_.begin(), context_.end() - kContext);
+      prefix_ = tokenizer_.decode(context_);
+      pending_.clear();
+    }
+    for (const auto& s : stops_) {
+      const auto at = text_.find(s, searched_);
+      if (at != std::string::npos) {
+        text_.resize(at);
+        stopped_ = true;
+      }
+    }
+    if (!stopped_ && text_.size() > hold_ + 8) searched_ = text_.size() - hold_ - 8;
+    return !stopped_;
+  }
+  /// The text not yet handed out that can no longer change (all of it when final).
+  std::string take(bool final) {
+    size_t ready = text_.size();
+    if (!final && !stopped_) {
+      while (ready >= 3 && ends_cut(std::string_view(text_).substr(0, ready))) ready -= 3;
+      ready = ready > hold_ ? ready - hold_ : 0;
+      while (ready > 0 && ready < text_.size() && (static_cast<unsigned char>(text_[ready]) & 0xC0) == 0x80)
+        --ready;  // a character's first byte
+    }
+    if (ready <= sent_) return {};
+    auto out = text_.substr(sent_, ready - sent_);
+    sent_ = ready;
+    return out;
+  }
+  int64_t tokens() const { return tokens_; }
+
+ private:
+  static constexpr size_t kContext = 8;
+  /// Whether text ends with U+FFFD: a character that more tokens may complete.
+  static bool ends_cut(std::string_view text) {
+    return text.size() >= 3 && text.substr(text.size() - 3) == "\xEF\xBF\xBD";
+  }
+  const data::Tokenizer& tokenizer_;
+  std::vector<std::string> stops_;
+  std::vector<int64_t> context_, pending_;
+  std::string prefix_, settled_, text_;
+  size_t hold_ = 0, sent_ = 0, searched_ = 0;
+  int64_t tokens_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
+  const auto body = parse_body(req);
+  check_fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+                      "stream_options", "n", "echo", "logprobs", "best_of", "presence_penalty",
+                      "frequency_penalty", "user", "suffix", "logit_bias"});
+  if (body.contains("model") && !body["model"].is_null() &&
+      (!body["model"].is_string() || body["model"].get<std::string>() != model.id))
+    throw Reject{404, "model " + body["model"].dump().substr(0, 80) + " is not served here; this server has '" +
+                          model.id + "' (GET /v1/models)",
+                 "invalid_request_error"};
+  // What OpenAI's API has and a tiny model does not do, refused unless left at its default.
+  for (const char* one : {"n", "best_of"})
+    if (body.contains(one) && !body[one].is_null() && body[one] != 1)
+      throw Reject{400, std::string(one) + " must be 1: one completion per request"};
+  if (body.contains("logprobs") && !body["logprobs"].is_null())
+    throw Reject{400, "logprobs is not supported (use POST /v1/attention for the next-token distribution)"};
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
+    if (body.contains(penalty) && !body[penalty].is_null() && body[penalty] != 0)
+      throw Reject{400, std::string(penalty) + " is not supported: leave it 0"};
+  if (body.contains("suffix") && !body["suffix"].is_null()) throw Reject{400, "suffix is not supported"};
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+    throw Reject{400, "logit_bias is not supported"};
+  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string())
+    throw Reject{400, "user must be a string"};
+
+  // The prompt: a string, one string in an array, or an array of token ids.
+  if (!body.contains("prompt")) throw Reject{400, "prompt is required"};
+  const auto& p = body["prompt"];
+  std::vector<int64_t> prompt;
+  std::string prompt_text;
+  if (p.is_string()) {
+    prompt_text = p.get<std::string>();
+    prompt = encode_prompt(prompt_text);
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    prompt_text = p[0].get<std::string>();
+    prompt = encode_prompt(prompt_text);
+  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
+    const int64_t V = run.model->vocab_size();
+    for (const auto& x : p) {
+      const auto id = x.get<int64_t>();
+      if (id < 0 || id >= V)
+        throw Reject{400, "prompt token " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")"};
+      prompt.push_back(id);
+    }
+    if (static_cast<int64_t>(prompt.size()) > run.model->context_length())
+      throw Reject{400, "the prompt is " + std::to_string(prompt.size()) + " tokens, over the model's context of " +
+                            std::to_string(run.model->context_length()) + ": shorten it"};
+    prompt_text = run.tokenizer->decode(prompt);
+  } else {
+    throw Reject{400, "prompt must be a string, an array of one string, or an array of token ids"};
+  }
+
+  GenerateOptions g;
+  g.max_new_tokens = integer_field(body, "max_tokens", 16, 0, options.max_tokens);
+  const double temperature = number_field(body, "temperature", 1.0, 0, 2, false);
+  g.greedy = temperature == 0;
+  g.temperature = g.greedy ? 1.0 : temperature;
+  g.top_p = number_field(body, "top_p", 1.0, 0, 1, true);
+  g.top_k = integer_field(body, "top_k", 0, 0, run.model->vocab_size());
+  if (body.contains("seed") && !body["seed"].is_null())
+    g.seed = static_cast<uint64_t>(integer_field(body, "seed", 0, INT64_MIN, INT64_MAX));
+  std::vector<std::string> stops;
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const auto& s = body["stop"];
+    if (s.is_string()) stops.push_back(s.get<std::string>());
+    else if (s.is_array() && s.size() <= 4 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
+      for (const auto& x : s) stops.push_back(x.get<std::string>());
+    else throw Reject{400, "stop must be a string or an array of up to 4 strings"};
+    for (const auto& x : stops)
+      if (x.empty() || x.size() > 256) throw Reject{400, "each stop sequence must be 1 to 256 bytes"};
+  }
+  const bool stream = bool_field(body, "stream", false);
+  const bool echo = bool_field(body, "echo", false);
+  bool include_usage = false;
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const auto& so = body["stream_options"];
+    if (!so.is_object()) throw Reject{400, "stream_options must be an object"};
+    check_fields(so, {"include_usage"});
+    include_usage = bool_field(so, "include_usage", false);
+  }
+
+  const auto slot = admit();
+  const std::string id = "cmpl-" + std::to_string(next_id++);
+  const auto created = static_cast<int64_t>(std::time(nullptr));
+  CompletionText text(*run.tokenizer, prompt, stops);
+  std::string finish = "length";
+  // One event per piece of text: the parts that do not change are made once.
+  const std::string head = "data: {\"id\":\"" + id + "\",\"object\":\"text_completion\",\"created\":" +
+                           std::to_string(created) + ",\"model\":" + dump(json(model.id)) + ",\"choices\":[{\"text\":";
+  auto chunk = [&](const std::string& piece, const json& reason) {
+    return head + dump(json(piece)) + ",\"index\":0,\"logprobs\":null,\"finish_reason\":" + reason.dump() + "}]}\n\n";
+  };
+  if (stream && !res.start_stream("text/event-stream")) return;
+  if (stream && echo) res.write_chunk(chunk(prompt_text, nullptr));
+  auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0).to(run.device);
+  if (g.max_new_tokens > 0) {
+    generate(*run.model, ids, g, [&](const torch::Tensor& next) {
+      if (!text.add(next.to(torch::kCPU).item<int64_t>())) {
+        finish = "stop";
+        return false;
+      }
+      if (cancelled()) {
+        finish = "cancelled";
+        return false;
+      }
+      if (stream) {
+        const auto piece = text.take(false);
+        if (!piece.empty() && !res.write_chunk(chunk(piece, nullptr))) return false;
+      }
+      return stream || !res.client_gone();  // a stream learns it from its writes
+    });
+  }
+  ++served;
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  const json usage = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", text.tokens()},
+                      {"total_tokens", prompt_tokens + text.tokens()}};
+  if (stream) {
+    const auto rest = text.take(true);
+    if (!rest.empty()) res.write_chunk(chunk(rest, nullptr));
+    res.write_chunk(chunk("", finish));
+    if (include_usage)
+      res.write_chunk("data: " +
+                      dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
+                                {"choices", json::array()}, {"usage", usage}}) +
+                      "\n\n");
+    res.write_chunk("data: [DONE]\n\n");
+    res.end_stream();
+    return;
+  }
+  const auto out = (echo ? prompt_text : std::string()) + text.take(true);
+  res.send(200, "application/json",
+           dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
+                     {"choices", {{{"text", out}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}},
+                     {"usage", usage}}));
+}
+
+}  // namespace tinylm::serve

@@ -1,0 +1,71 @@
+// The state `tinylm serve`'s handlers share (server.cpp, completions.cpp): the model, the
+// options, and the admission of requests to the workers.
+#pragma once
+
+#include "request.h"
+#include "server.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tinylm::serve {
+
+struct Server::State {
+  InferenceRun run;
+  ModelCard model;
+  ServeOptions options;
+  std::unique_ptr<HttpServer> http;
+  // Admission: `active` requests hold a worker, `waiting` wait for one.
+  std::mutex mutex;
+  std::condition_variable freed;
+  int64_t active = 0, waiting = 0;
+  std::atomic<uint64_t> served{0}, next_id{1};
+  std::atomic<bool> stopping{false};
+  std::atomic<int64_t> cancel_at_ns{INT64_MAX};
+
+  /// A worker for this request, or a 503 when `queue` requests already wait.
+  std::shared_ptr<void> admit() {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (stopping.load()) throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
+    if (active >= options.workers) {
+      if (waiting >= options.queue)
+        throw Reject{503,
+                     "the server is busy: " + std::to_string(active) + " requests running and " +
+                         std::to_string(waiting) + " waiting (--workers, --queue); retry shortly",
+                     "server_busy", {"Retry-After: 1"}};
+      ++waiting;
+      freed.wait(lock, [this] { return active < options.workers || stopping.load(); });
+      --waiting;
+      if (stopping.load() && active >= options.workers)
+        throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
+    }
+    ++active;
+    return std::shared_ptr<void>(nullptr, [this](void*) {
+      {
+        std::lock_guard<std::mutex> l(mutex);
+        --active;
+      }
+      freed.notify_one();
+    });
+  }
+
+  bool cancelled() const {
+    return stopping.load() &&
+           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count() >=
+               cancel_at_ns.load();
+  }
+
+  void route(const HttpRequest& req, HttpResponder& res);
+  void completions(const HttpRequest& req, HttpResponder& res);
+  void attention(const HttpRequest& req, HttpResponder& res);
+  void metrics(HttpResponder& res);
+  std::vector<int64_t> encode_prompt(const std::string& text) const;
+};
+
+}  // namespace tinylm::serve
