@@ -107,7 +107,8 @@ try:
                        check=True, capture_output=True)
         return time.perf_counter() - t
 
-    sample_s = min(sample(n) for _ in range(5)) - min(sample(0) for _ in range(5))
+    runs = 2 if a.quick else 5
+    sample_s = min(sample(n) for _ in range(runs)) - min(sample(0) for _ in range(runs))
     r = {"case": "streamed_tokens", "tokens": n, "events": events, "serve_tokens_per_s": n / stream_s,
          "sample_tokens_per_s": n / max(sample_s, 1e-6), "serve_over_sample": sample_s / stream_s}
     results.append(r)
