@@ -145,7 +145,7 @@ try:
     marks[done[0]] = peak_rss(srv.proc.pid)
     first, last = marks.get(1000, 0), marks[done[0]]
     r = {"case": "memory", "requests": done[0], "peak_rss_kib_at_1000": first, "peak_rss_kib_at_end": last,
-         "growth": last / first - 1 if first else None}
+         "growth": last / first - 1 if first else None, "flat_within_10pct": bool(first) and last <= 1.1 * first}
     results.append(r)
     print(json.dumps(r), flush=True)
     status = srv.stop()

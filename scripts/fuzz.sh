@@ -16,7 +16,7 @@ seconds=${1:-30}
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file token_file config sentencepiece)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file token_file config http_request sentencepiece)
 
 phase setup scripts/setup.sh --fuzz
 configure() { cmake --preset fuzz | sed -n 's/^-- tinylm: /tinylm: /p'; }

@@ -95,86 +95,18 @@ class CompletionText {
 }  // namespace
 
 void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
-  const auto body = parse_body(req);
-  check_fields(body, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                      "stream_options", "n", "echo", "logprobs", "best_of", "presence_penalty",
-                      "frequency_penalty", "user", "suffix", "logit_bias"});
-  if (body.contains("model") && !body["model"].is_null() &&
-      (!body["model"].is_string() || body["model"].get<std::string>() != model.id))
-    throw Reject{404, "model " + body["model"].dump().substr(0, 80) + " is not served here; this server has '" +
-                          model.id + "' (GET /v1/models)",
-                 "invalid_request_error"};
-  // What OpenAI's API has and a tiny model does not do, refused unless left at its default.
-  for (const char* one : {"n", "best_of"})
-    if (body.contains(one) && !body[one].is_null() && body[one] != 1)
-      throw Reject{400, std::string(one) + " must be 1: one completion per request"};
-  if (body.contains("logprobs") && !body["logprobs"].is_null())
-    throw Reject{400, "logprobs is not supported (use POST /v1/attention for the next-token distribution)"};
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
-    if (body.contains(penalty) && !body[penalty].is_null() && body[penalty] != 0)
-      throw Reject{400, std::string(penalty) + " is not supported: leave it 0"};
-  if (body.contains("suffix") && !body["suffix"].is_null()) throw Reject{400, "suffix is not supported"};
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
-      !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
-    throw Reject{400, "logit_bias is not supported"};
-  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string())
-    throw Reject{400, "user must be a string"};
-
-  // The prompt: a string, one string in an array, or an array of token ids.
-  if (!body.contains("prompt")) throw Reject{400, "prompt is required"};
-  const auto& p = body["prompt"];
-  std::vector<int64_t> prompt;
-  std::string prompt_text;
-  if (p.is_string()) {
-    prompt_text = p.get<std::string>();
+  const auto c = parse_completion(parse_body(req), {model.id, options.max_tokens, run.model->vocab_size(),
+                                                    run.model->context_length()});
+  std::vector<int64_t> prompt = c.prompt_ids;
+  std::string prompt_text = c.prompt_text;
+  if (c.prompt_ids.empty()) {
     prompt = encode_prompt(prompt_text);
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    prompt_text = p[0].get<std::string>();
-    prompt = encode_prompt(prompt_text);
-  } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
-    const int64_t V = run.model->vocab_size();
-    for (const auto& x : p) {
-      const auto id = x.get<int64_t>();
-      if (id < 0 || id >= V)
-        throw Reject{400, "prompt token " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")"};
-      prompt.push_back(id);
-    }
-    if (static_cast<int64_t>(prompt.size()) > run.model->context_length())
-      throw Reject{400, "the prompt is " + std::to_string(prompt.size()) + " tokens, over the model's context of " +
-                            std::to_string(run.model->context_length()) + ": shorten it"};
-    prompt_text = run.tokenizer->decode(prompt);
   } else {
-    throw Reject{400, "prompt must be a string, an array of one string, or an array of token ids"};
+    prompt_text = run.tokenizer->decode(prompt);
   }
-
-  GenerateOptions g;
-  g.max_new_tokens = integer_field(body, "max_tokens", 16, 0, options.max_tokens);
-  const double temperature = number_field(body, "temperature", 1.0, 0, 2, false);
-  g.greedy = temperature == 0;
-  g.temperature = g.greedy ? 1.0 : temperature;
-  g.top_p = number_field(body, "top_p", 1.0, 0, 1, true);
-  g.top_k = integer_field(body, "top_k", 0, 0, run.model->vocab_size());
-  if (body.contains("seed") && !body["seed"].is_null())
-    g.seed = static_cast<uint64_t>(integer_field(body, "seed", 0, INT64_MIN, INT64_MAX));
-  std::vector<std::string> stops;
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const auto& s = body["stop"];
-    if (s.is_string()) stops.push_back(s.get<std::string>());
-    else if (s.is_array() && s.size() <= 4 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
-      for (const auto& x : s) stops.push_back(x.get<std::string>());
-    else throw Reject{400, "stop must be a string or an array of up to 4 strings"};
-    for (const auto& x : stops)
-      if (x.empty() || x.size() > 256) throw Reject{400, "each stop sequence must be 1 to 256 bytes"};
-  }
-  const bool stream = bool_field(body, "stream", false);
-  const bool echo = bool_field(body, "echo", false);
-  bool include_usage = false;
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-    const auto& so = body["stream_options"];
-    if (!so.is_object()) throw Reject{400, "stream_options must be an object"};
-    check_fields(so, {"include_usage"});
-    include_usage = bool_field(so, "include_usage", false);
-  }
+  const auto& g = c.generate;
+  const auto& stops = c.stops;
+  const bool stream = c.stream, echo = c.echo, include_usage = c.include_usage;
 
   const auto slot = admit();
   const std::string id = "cmpl-" + std::to_string(next_id++);

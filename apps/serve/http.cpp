@@ -80,9 +80,36 @@ void close_gently(int fd, int wake_fd, double seconds) {
   ::close(fd);
 }
 
-/// Parses the head (request line and headers, without the blank line) into req. Returns
-/// 0, or the status to answer with (400, 431, 505) and the reason.
-std::pair<int, std::string> parse_head(std::string_view head, const HttpLimits& limits, HttpRequest& req) {
+std::string json_error(std::string_view message, std::string_view type) {
+  return nlohmann::json{{"error", {{"message", message}, {"type", type}, {"code", nullptr}}}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::string_view status_text(int status) {
+  switch (status) {
+    case 100: return "100 Continue";
+    case 200: return "200 OK";
+    case 204: return "204 No Content";
+    case 400: return "400 Bad Request";
+    case 401: return "401 Unauthorized";
+    case 404: return "404 Not Found";
+    case 405: return "405 Method Not Allowed";
+    case 408: return "408 Request Timeout";
+    case 411: return "411 Length Required";
+    case 413: return "413 Content Too Large";
+    case 415: return "415 Unsupported Media Type";
+    case 431: return "431 Request Header Fields Too Large";
+    case 500: return "500 Internal Server Error";
+    case 501: return "501 Not Implemented";
+    case 503: return "503 Service Unavailable";
+    case 505: return "505 HTTP Version Not Supported";
+    default: return "500 Internal Server Error";
+  }
+}
+
+std::pair<int, std::string> parse_request_head(std::string_view head, const HttpLimits& limits, HttpRequest& req) {
   auto next_line = [&head]() -> std::string_view {
     const auto end = head.find('\n');
     auto line = head.substr(0, end);
@@ -122,35 +149,6 @@ std::pair<int, std::string> parse_head(std::string_view head, const HttpLimits& 
   if (version == "HTTP/1.0" && lower(req.header("connection")) != "keep-alive")
     req.headers.emplace_back("connection", "close");
   return {0, {}};
-}
-
-std::string json_error(std::string_view message, std::string_view type) {
-  return nlohmann::json{{"error", {{"message", message}, {"type", type}, {"code", nullptr}}}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-}  // namespace
-
-std::string_view status_text(int status) {
-  switch (status) {
-    case 100: return "100 Continue";
-    case 200: return "200 OK";
-    case 204: return "204 No Content";
-    case 400: return "400 Bad Request";
-    case 401: return "401 Unauthorized";
-    case 404: return "404 Not Found";
-    case 405: return "405 Method Not Allowed";
-    case 408: return "408 Request Timeout";
-    case 411: return "411 Length Required";
-    case 413: return "413 Content Too Large";
-    case 415: return "415 Unsupported Media Type";
-    case 431: return "431 Request Header Fields Too Large";
-    case 500: return "500 Internal Server Error";
-    case 501: return "501 Not Implemented";
-    case 503: return "503 Service Unavailable";
-    case 505: return "505 HTTP Version Not Supported";
-    default: return "500 Internal Server Error";
-  }
 }
 
 std::string HttpRequest::header(std::string_view name) const {
@@ -414,7 +412,7 @@ void HttpServer::serve_connection(int fd, std::string peer) {
       status = 431;
       reason = "the request head is over " + std::to_string(limits_.max_head_bytes) + " bytes";
     }
-    if (status == 0) std::tie(status, reason) = parse_head(std::string_view(in).substr(0, head_end), limits_, req);
+    if (status == 0) std::tie(status, reason) = parse_request_head(std::string_view(in).substr(0, head_end), limits_, req);
     if (status != 0) {
       r.keep_alive = false;
       r.error(status, reason);

@@ -106,6 +106,10 @@ class HttpServer {
   int64_t connections_ = 0;
 };
 
+/// Parses a request's head (the request line and headers, without the blank line after
+/// them) into req. Returns {0, ""}, or the status to answer with (400, 431, 505) and why.
+std::pair<int, std::string> parse_request_head(std::string_view head, const HttpLimits& limits, HttpRequest& req);
+
 /// "200 OK", "404 Not Found", ...
 std::string_view status_text(int status);
 

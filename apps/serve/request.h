@@ -5,6 +5,8 @@
 
 #include "http.h"
 
+#include <tinylm/generate.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -40,5 +42,19 @@ int64_t integer_field(const nlohmann::json& body, const char* name, int64_t fall
 double number_field(const nlohmann::json& body, const char* name, double fallback, double lo, double hi,
                     bool lo_open);
 bool bool_field(const nlohmann::json& body, const char* name, bool fallback);
+
+/// A completion request (OpenAI's fields), checked: every field known, typed and in range.
+struct CompletionRequest {
+  std::string prompt_text;           // a string prompt (to be tokenized) ...
+  std::vector<int64_t> prompt_ids;   // ... or token ids, each in the vocabulary
+  GenerateOptions generate;
+  std::vector<std::string> stops;
+  bool stream = false, echo = false, include_usage = false;
+};
+struct CompletionLimits {
+  std::string model_id;  // the one model served
+  int64_t max_tokens = 0, vocab_size = 0, context_length = 0;
+};
+CompletionRequest parse_completion(const nlohmann::json& body, const CompletionLimits& limits);
 
 }  // namespace tinylm::serve

@@ -120,6 +120,8 @@ check("access-control-allow-origin" not in headers, "CORS headers without --cors
 # ---- bad requests -------------------------------------------------------------------------
 refused(srv, 400, "{not json", contains="not valid JSON", headers={"Content-Type": "application/json"})
 refused(srv, 400, "[1, 2]", contains="JSON object", headers={"Content-Type": "application/json"})
+refused(srv, 400, '{"prompt": "3", "max_tokens": 1e99999}', contains="number overflow",
+        headers={"Content-Type": "application/json"})  # found by fuzz_http_request
 refused(srv, 400, "[" * 2000 + "]" * 2000, contains="nested deeper", headers={"Content-Type": "application/json"})
 refused(srv, 413, {"prompt": "3 " * 3000}, contains="over the limit")
 refused(srv, 415, "prompt=3", contains="Content-Type: application/json", headers={"Content-Type": "text/plain"})
