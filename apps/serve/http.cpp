@@ -358,6 +358,17 @@ void HttpServer::run() {
 }
 
 void HttpServer::serve_connection(int fd, std::string peer) {
+  try {
+    converse(fd, peer);
+  } catch (const std::exception&) {
+    // Something failed outside a handler (out of memory): this connection alone is closed.
+  }
+  close_gently(fd, wake_[0], 0.5);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (--connections_ == 0) all_closed_.notify_all();
+}
+
+void HttpServer::converse(int fd, const std::string& peer) {
   std::string in;  // bytes read and not yet used (a pipelined next request stays here)
   bool first = true;
   for (bool open = true; open;) {
@@ -433,8 +444,8 @@ void HttpServer::serve_connection(int fd, std::string peer) {
     } else if (lengths > 1) {
       status = 400;
       reason = "more than one Content-Length header";
-    } else if (!cl.empty()) {
-      if (cl.size() > 18 || cl.find_first_not_of("0123456789") != std::string::npos) {
+    } else if (lengths == 1) {
+      if (cl.empty() || cl.size() > 18 || cl.find_first_not_of("0123456789") != std::string::npos) {
         status = 400;
         reason = "Content-Length is not a number";
       } else {
@@ -491,9 +502,6 @@ void HttpServer::serve_connection(int fd, std::string peer) {
     }
     if (!r.keep_alive || stopping_.load() || r.client_gone()) break;
   }
-  close_gently(fd, wake_[0], 0.5);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (--connections_ == 0) all_closed_.notify_all();
 }
 
 }  // namespace tinylm::serve

@@ -95,7 +95,8 @@ class HttpServer {
   std::vector<std::string> common_headers;
 
  private:
-  void serve_connection(int fd, std::string peer);
+  void serve_connection(int fd, std::string peer);  // converse, then close and count
+  void converse(int fd, const std::string& peer);   // requests and answers until one side ends
   HttpLimits limits_;
   HttpHandler handler_;
   int listen_fd_ = -1, port_ = 0;

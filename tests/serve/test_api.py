@@ -169,6 +169,8 @@ raw_status(b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in ra
 raw_status(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431, "over")
 raw_status(b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n5\r\n{}\r\n0\r\n\r\n", 411)
 raw_status(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n{}", 400, "Content-Length")
+raw_status(b"POST /v1/completions HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", 400, "Content-Length is not a number")
+raw_status(b"POST /v1/completions HTTP/1.1\r\nContent-Length:\r\n\r\n{}", 400, "Content-Length is not a number")
 t0 = time.time()
 raw_status(b"GET /health HTTP/1.1\r\nHost: x\r\n", 408, "did not arrive")  # the head never ends
 raw_status(b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{", 408, "body")
