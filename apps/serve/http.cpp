@@ -190,6 +190,7 @@ void HttpResponder::send(int status, std::string_view content_type, std::string_
                          const std::vector<std::string>& extra) {
   TORCH_CHECK(!responded_, "HttpResponder: a response was already sent");
   responded_ = true;
+  status_ = status;
   if (status >= 400 && status != 404 && status != 405 && status != 401) keep_alive = false;
   auto h = head(status, content_type, extra, "Content-Length: " + std::to_string(body.size()) + "\r\n");
   if (body.size() < 64 * 1024) {
@@ -207,6 +208,7 @@ void HttpResponder::error(int status, std::string_view message, std::string_view
 bool HttpResponder::start_stream(std::string_view content_type, const std::vector<std::string>& extra) {
   TORCH_CHECK(!responded_, "HttpResponder: a response was already sent");
   responded_ = streaming_ = true;
+  status_ = 200;
   auto more = extra;
   more.emplace_back("Cache-Control: no-cache");
   return write_all(head(200, content_type, more, "Transfer-Encoding: chunked\r\n"));

@@ -59,6 +59,7 @@ class HttpResponder {
   /// Whether the client closed its side or the connection broke (checked without waiting).
   bool client_gone() const;
   bool responded() const { return responded_; }
+  int status() const { return status_; }  // of the answer sent (0 before)
   bool keep_alive = true;  // cleared by the server when the request asked to close
   /// Headers every response carries (CORS), set by the server.
   std::vector<std::string> common_headers;
@@ -71,6 +72,7 @@ class HttpResponder {
   const HttpLimits& limits_;
   const std::atomic<bool>& stopping_;
   bool responded_ = false, streaming_ = false, broken_ = false;
+  int status_ = 0;
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

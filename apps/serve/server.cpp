@@ -9,6 +9,7 @@
 
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/generate.h>
+#include <tinylm/log.h>
 
 #include <torch/torch.h>
 
@@ -110,6 +111,14 @@ std::vector<int64_t> Server::State::encode_prompt(const std::string& text) const
 }
 
 void Server::State::route(const HttpRequest& req, HttpResponder& res) {
+  const auto started = std::chrono::steady_clock::now();
+  answer(req, res);
+  // One line per request for whoever runs the server with --log-level debug.
+  tinylm::logger()->debug("{} {} {} -> {} in {:.1f} ms", req.peer, req.method, req.target.substr(0, 200), res.status(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+}
+
+void Server::State::answer(const HttpRequest& req, HttpResponder& res) {
   try {
     const bool api = req.path.rfind("/v1/", 0) == 0;
     if (req.method == "OPTIONS" && !options.cors_origin.empty()) {

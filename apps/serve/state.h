@@ -61,7 +61,8 @@ struct Server::State {
                cancel_at_ns.load();
   }
 
-  void route(const HttpRequest& req, HttpResponder& res);
+  void route(const HttpRequest& req, HttpResponder& res);   // answer, then a log line
+  void answer(const HttpRequest& req, HttpResponder& res);
   void completions(const HttpRequest& req, HttpResponder& res);
   void attention(const HttpRequest& req, HttpResponder& res);
   void metrics(HttpResponder& res);

@@ -1,5 +1,7 @@
 """What the `tinylm serve` tests share: a trained checkpoint, a server started on a free
 port (and stopped), and raw HTTP helpers (Python's standard library only)."""
+import atexit
+import ctypes
 import http.client
 import json
 import os
@@ -30,13 +32,30 @@ def train(tinylm, work, name="run", *flags):
     return out
 
 
+started = []
+
+
+@atexit.register
+def _kill_servers():
+    """A test that fails leaves no server behind."""
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _die_with_parent():
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if the test is
+
+
 class Server:
     """`tinylm serve CHECKPOINT --port 0 ARGS...`, its port read from its first line."""
 
     def __init__(self, tinylm, checkpoint, *args, work="."):
         self.log = open(os.path.join(work, "serve.log"), "a+")
         self.proc = subprocess.Popen([tinylm, "serve", checkpoint, "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     preexec_fn=_die_with_parent)
+        started.append(self.proc)
         line = self.proc.stdout.readline()
         m = re.search(r"http://\[?([^\]/]+?)\]?:(\d+)/", line)
         if not m:
