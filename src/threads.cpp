@@ -1,5 +1,6 @@
 // CPU threading for LibTorch and OpenBLAS.
 #include <tinylm/threads.h>
+#include <tinylm/nn/cpu_kernels.h>
 
 #include "internal/machine.h"
 
@@ -14,6 +15,12 @@ bool set_cpu_threads(int64_t n) {
   if (n <= 0) return false;
   internal::check_thread_count(n);
   at::set_num_threads(static_cast<int>(n));
+  return set_blas_threads(nn::libxsmm_wider_than_blas() ? 1 : n);
+}
+
+bool set_blas_threads(int64_t n) {
+  if (n <= 0) return false;
+  internal::check_thread_count(n);
   // OpenBLAS is already loaded (LibTorch links libblas.so.3); look its setter up.
   using SetThreads = void (*)(int);
   auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));

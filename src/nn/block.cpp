@@ -2,6 +2,7 @@
 // B = batch, T = sequence length, D = d_model, e = mlp expansion
 #include <tinylm/nn/block.h>
 #include <tinylm/log.h>
+#include "nn/linear.h"
 
 #include <torch/torch.h>
 
@@ -39,8 +40,8 @@ void FeedForwardImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(fc(x), options.activation() == Activation::gelu ? "none" : "tanh");  // (B, T, eD)
-  return torch::dropout(proj(h), options.dropout(), is_training());    // (B, T, D)
+  auto h = torch::gelu(linear(x, fc->weight, fc->bias, options.kernel_policy()), options.activation() == Activation::gelu ? "none" : "tanh");  // (B, T, eD)
+  return torch::dropout(linear(h, proj->weight, proj->bias, options.kernel_policy()), options.dropout(), is_training());    // (B, T, D)
 }
 
 // ---- TransformerBlock ----------------------------------------------------------
@@ -72,7 +73,8 @@ void TransformerBlockImpl::reset() {
                                                .expansion(options.mlp_expansion())
                                                .dropout(options.residual_dropout())
                                                .bias(options.bias())
-                                               .activation(options.activation())));
+                                               .activation(options.activation())
+                                               .kernel_policy(options.kernel_policy())));
 }
 
 void TransformerBlockImpl::pretty_print(std::ostream& os) const {

@@ -8,6 +8,7 @@
 #include "tinylm_kernels_config.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #ifdef TINYLM_HAVE_LIBXSMM
@@ -17,6 +18,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstring>
@@ -41,6 +43,26 @@ using Sgemm = void (*)(const char*, const char*, const int*, const int*, const i
 Sgemm loaded_sgemm() {
   static const Sgemm f = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
   return f;
+}
+
+/// The CPU core OpenBLAS chose its kernels for ("Haswell", "SkylakeX", ...), or "" where
+/// the BLAS is not OpenBLAS. OPENBLAS_CORETYPE can hold it below what the CPU runs.
+std::string blas_core() {
+  using CoreName = char* (*)();
+  static const std::string name = [] {
+    const auto f = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    const char* n = f ? f() : nullptr;
+    return std::string(n ? n : "");
+  }();
+  return name;
+}
+
+/// Whether the BLAS runs AVX-512 kernels (OpenBLAS's names for its AVX-512 cores).
+bool blas_runs_avx512() {
+  const std::string core = blas_core();
+  for (const char* wide : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core.find(wide) != std::string::npos) return true;
+  return false;
 }
 
 void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -87,6 +109,56 @@ bool xsmm_gemm(bool ta, int64_t M, int64_t N, int64_t K, const float* A, int64_t
 }
 #endif
 
+#ifdef TINYLM_HAVE_LIBXSMM
+/// The tiles of a tiled product: C in 64 x 64 blocks, K in steps of 256 (an L1/L2-sized
+/// working set; measured against 32, 128 and other steps on P2's products).
+constexpr int64_t kTileM = 64, kTileN = 64, kTileK = 256;
+
+/// C = op(A) B (B not transposed) as libxsmm kernels over tiles of C, the tiles shared out
+/// among LibTorch's intra-op threads; false, with C untouched, where libxsmm has no kernel
+/// for a tile shape. Column-major as in xsmm_gemm: a tile's kernel computes its Cᵀ block
+/// from B's block and A's rows (A's columns, read transposed, when A is transposed).
+bool xsmm_tiled_gemm(bool ta, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                     const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  // Every kernel the tiles need, before any tile is written: [edge row][edge column]
+  // [edge K step][first K step]. An edge is the remainder where a size is not a multiple.
+  libxsmm_smmfunction kernels[2][2][2][2] = {};
+  const int64_t sizes_m[2] = {kTileM, M % kTileM}, sizes_n[2] = {kTileN, N % kTileN},
+                sizes_k[2] = {kTileK, K % kTileK};
+  const libxsmm_blasint xlda = ldb, xldb = lda, xldc = ldc;
+  const float alpha = 1.f;
+  const int flags = ta ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
+  for (int em = 0; em < 2; ++em)
+    for (int en = 0; en < 2; ++en)
+      for (int ek = 0; ek < 2; ++ek)
+        for (int first = 0; first < 2; ++first) {
+          const int64_t m = std::min(sizes_m[em], M), n = std::min(sizes_n[en], N), k = std::min(sizes_k[ek], K);
+          if (m == 0 || n == 0 || k == 0) continue;
+          const float beta = (first && !accumulate) ? 0.f : 1.f;
+          const libxsmm_blasint xm = n, xn = m, xk = k;
+          kernels[em][en][ek][first] =
+              libxsmm_smmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, nullptr);
+          if (!kernels[em][en][ek][first]) return false;
+        }
+  const int64_t tiles_m = (M + kTileM - 1) / kTileM, tiles_n = (N + kTileN - 1) / kTileN;
+  at::parallel_for(0, tiles_m * tiles_n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i0 = t / tiles_n * kTileM, j0 = t % tiles_n * kTileN;
+      const int em = M - i0 < kTileM, en = N - j0 < kTileN;
+      for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+        const int ek = K - k0 < kTileK;
+        const float* a = ta ? A + k0 * lda + i0 : A + i0 * lda + k0;
+        kernels[em][en][ek][k0 == 0](B + k0 * ldb + j0, a, C + i0 * ldc + j0);
+      }
+    }
+  });
+  return true;
+}
+
+/// Whether libxsmm writes AVX-512 code here.
+bool libxsmm_avx512() { return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CORE; }
+#endif
+
 bool libxsmm_works() {
 #ifdef TINYLM_HAVE_LIBXSMM
   // JIT needs an x86-64 CPU and executable memory: ask for one kernel once.
@@ -106,6 +178,18 @@ bool libxsmm_works() {
 std::vector<float>& pack_buffer() {
   thread_local std::vector<float> buffer;
   return buffer;
+}
+
+/// out (K x N) <- B (N x K, row stride ldb) transposed, in 16 x 16 blocks (each block's
+/// reads and writes stay in a few cache lines).
+void transpose_into(const float* B, int64_t N, int64_t K, int64_t ldb, float* out) {
+  constexpr int64_t b = 16;
+  for (int64_t n0 = 0; n0 < N; n0 += b)
+    for (int64_t k0 = 0; k0 < K; k0 += b) {
+      const int64_t n1 = std::min(N, n0 + b), k1 = std::min(K, k0 + b);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t k = k0; k < k1; ++k) out[k * N + n] = B[n * ldb + k];
+    }
 }
 
 }  // namespace
@@ -160,12 +244,30 @@ CpuIsa cpu_isa() {
   return static_cast<CpuIsa>(isa);
 }
 
+std::string blas_core_name() { return blas_core(); }
+
+bool libxsmm_wider_than_blas() {
+#ifdef TINYLM_HAVE_LIBXSMM
+  return libxsmm_works() && libxsmm_avx512() && !blas_runs_avx512();
+#else
+  return false;
+#endif
+}
+
 GemmBackend KernelPolicy::gemm_backend(int64_t M, int64_t N, int64_t K) const {
   if (gemm != GemmBackend::automatic) return gemm;
-  if (2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops)
-    return GemmBackend::blas;
+  if (2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops) {
+    if (large_gemm != GemmBackend::automatic) return large_gemm;
+    return libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
+  }
   if (libxsmm_works()) return GemmBackend::libxsmm;
   return cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas;
+}
+
+bool KernelPolicy::linear_uses_gemm(int64_t M, int64_t N, int64_t K) const {
+  return linear_products &&
+         2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops &&
+         gemm_backend(M, N, K) != GemmBackend::blas;
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -191,19 +293,29 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
     return;
   }
   // libxsmm and the hand kernel read B row by row: a transposed B is copied first (the
-  // products here transpose only weight matrices, a few thousand floats).
+  // products here transpose only weight matrices: at most a few percent of the product's
+  // time, K N copies against 2 M N K flops).
   if (trans_b) {
     auto& packed = pack_buffer();
     packed.resize(static_cast<size_t>(K * N));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) packed[k * N + n] = B[n * ldb + k];
+    transpose_into(B, N, K, ldb, packed.data());
     B = packed.data();
     ldb = N;
   }
 #ifdef TINYLM_HAVE_LIBXSMM
-  if (backend == GemmBackend::libxsmm &&
-      xsmm_gemm(trans_a, M, N, K, A, lda, B, ldb, C, ldc, accumulate))
-    return;  // else: no kernel for this shape, the hand kernel computes it
+  if (backend == GemmBackend::libxsmm) {
+    // One kernel for a small product, tiles over both threads for a larger one; else (no
+    // kernel for a shape) BLAS for a large product, the hand kernel for a small one.
+    const bool small = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <=
+                       KernelPolicy{}.small_gemm_flops;
+    if (small ? xsmm_gemm(trans_a, M, N, K, A, lda, B, ldb, C, ldc, accumulate)
+              : xsmm_tiled_gemm(trans_a, M, N, K, A, lda, B, ldb, C, ldc, accumulate))
+      return;
+    if (!small) {
+      blas_gemm(trans_a, false, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+      return;
+    }
+  }
 #endif
   cpu::table().gemm(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, ldb, C, ldc, accumulate);
 }
@@ -219,7 +331,10 @@ std::string cpu_kernels_description() {
   s += cpu_isa() == CpuIsa::avx2 ? "hand kernel (tinylm built without libxsmm)" : "BLAS";
 #endif
   s += " up to " + std::to_string(static_cast<int64_t>(KernelPolicy{}.small_gemm_flops / 1e6)) + " MFLOP, ";
-  s += loaded_sgemm() ? "BLAS sgemm above" : "LibTorch's matmul above (no sgemm_ symbol visible)";
+  const std::string blas = loaded_sgemm() ? "BLAS sgemm" : "LibTorch's matmul (no sgemm_ symbol visible)";
+  const std::string core = blas_core().empty() ? "" : " (OpenBLAS " + blas_core() + ")";
+  s += libxsmm_wider_than_blas() ? "libxsmm AVX-512 tiles above, wider than the BLAS" + core
+                                 : blas + core + " above";
   s += std::string("; loops: ") + to_string(cpu_isa());
   return s;
 }

@@ -9,6 +9,7 @@
 #include "internal/text.h"
 #include "nn/builtin_kinds.h"
 #include "nn/fused_tiny_lm.h"
+#include "nn/linear.h"
 
 #include <c10/util/Type.h>
 #include <torch/torch.h>
@@ -329,6 +330,7 @@ void TransformerLMImpl::set_kernel_policy(const KernelPolicy& policy) {
     auto& b = *block->as<TransformerBlockImpl>();
     b.options.kernel_policy(policy);
     b.attn->options.policy(policy);
+    b.mlp->options.kernel_policy(policy);
   }
 }
 
@@ -427,7 +429,7 @@ LMOutput TransformerLMImpl::forward(const torch::Tensor& ids, bool return_weight
                                     const torch::Tensor& padding_mask) {
   LMOutput out;
   auto h = hidden(ids, padding_mask, return_weights ? &out.attention : nullptr);
-  out.logits = torch::nn::functional::linear(h, lm_head_weight());  // (B, T, V)
+  out.logits = linear(h, lm_head_weight(), {}, options.kernel_policy());  // (B, T, V)
   return out;
 }
 
@@ -443,7 +445,7 @@ torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCach
     x = blocks[l]->as<TransformerBlock>()->forward_cached(x, cache.keys[l], cache.values[l]);
   }
   cache.length += Tn;
-  return torch::nn::functional::linear(ln_f(x), lm_head_weight());  // (B, Tn, V)
+  return linear(ln_f(x), lm_head_weight(), {}, options.kernel_policy());  // (B, Tn, V)
 }
 
 }  // namespace tinylm::nn

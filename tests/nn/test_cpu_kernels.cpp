@@ -47,7 +47,10 @@ TEST_CASE("every product backend computes op(A) op(B) as LibTorch does, with str
   const auto [backend, isa] = runnable_products()[GENERATE(range(size_t{0}, runnable_products().size()))];
   const auto [M, N, K] = GENERATE(std::make_tuple(192, 96, 32), std::make_tuple(64, 32, 192),
                                   std::make_tuple(7, 13, 5), std::make_tuple(1, 1, 1),
-                                  std::make_tuple(17, 33, 9), std::make_tuple(3, 8, 0));
+                                  std::make_tuple(17, 33, 9), std::make_tuple(3, 8, 0),
+                                  // Above the small size: libxsmm's tiles, with a remainder
+                                  // along every dimension (64 x 64 tiles, K steps of 256).
+                                  std::make_tuple(200, 150, 300));
   const bool ta = GENERATE(false, true), tb = GENERATE(false, true), accumulate = GENERATE(false, true);
   INFO(to_string(backend) << " loops " << to_string(isa) << " M " << M << " N " << N << " K " << K
                           << " ta " << ta << " tb " << tb << " accumulate " << accumulate);
@@ -90,17 +93,53 @@ TEST_CASE("the automatic choice sends small products to a small-matrix kernel an
   } else {
     CHECK(small == (cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas));
   }
-  CHECK(policy.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
+  // Large products: libxsmm's tiles where its code is wider than the BLAS's, else BLAS.
+  const GemmBackend large = libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
+  CHECK(policy.gemm_backend(1024, 1024, 1024) == large);
+  KernelPolicy blas_large;
+  blas_large.large_gemm = GemmBackend::blas;
+  CHECK(blas_large.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
+  CHECK(blas_large.gemm_backend(192, 96, 32) == small);
   // The threshold is the policy's: a product of 2 * 192 * 96 * 32 flops is large under a
   // lower one. One backend for all is a policy too; neither touches another policy.
   KernelPolicy low;
   low.small_gemm_flops = 2.0 * 192 * 96 * 32 - 1;
-  CHECK(low.gemm_backend(192, 96, 32) == GemmBackend::blas);
+  CHECK(low.gemm_backend(192, 96, 32) == large);
   KernelPolicy hand;
   hand.gemm = GemmBackend::hand;
   CHECK(hand.gemm_backend(1024, 1024, 1024) == GemmBackend::hand);
-  CHECK(KernelPolicy{}.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
+  CHECK(KernelPolicy{}.gemm_backend(1024, 1024, 1024) == large);
   CHECK(cpu_kernels_description().find("loops: ") != std::string::npos);
+  // A Linear layer takes tinylm's products above the small size, off BLAS only.
+  CHECK(policy.linear_uses_gemm(2048, 768, 256) == (large != GemmBackend::blas));
+  CHECK_FALSE(policy.linear_uses_gemm(1, 768, 256));  // one row: LibTorch's linear
+  KernelPolicy no_linear;
+  no_linear.linear_products = false;
+  CHECK_FALSE(no_linear.linear_uses_gemm(2048, 768, 256));
+  KernelPolicy hand_large;
+  hand_large.large_gemm = GemmBackend::hand;
+  CHECK(hand_large.linear_uses_gemm(2048, 768, 256));
+}
+
+TEST_CASE("libxsmm's tiles give the same bits on one thread and on two", "[nn][gemm]") {
+  if (!gemm_backend_available(GemmBackend::libxsmm)) {  // then nothing may pick the tiles
+    CHECK_FALSE(libxsmm_wider_than_blas());
+    CHECK(KernelPolicy{}.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
+    return;
+  }
+  const int before = at::get_num_threads();
+  torch::manual_seed(3);
+  auto a = torch::randn({300, 520}), b = torch::randn({520, 200});
+  torch::Tensor c[2] = {torch::empty({300, 200}), torch::empty({300, 200})};
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    gemm(false, false, 300, 200, 520, a.data_ptr<float>(), 520, b.data_ptr<float>(), 200,
+         c[threads - 1].data_ptr<float>(), 200, false, GemmBackend::libxsmm);
+  }
+  at::set_num_threads(before);
+  // Each tile is one thread's whole sum over K, in the same order whoever computes it.
+  CHECK(torch::equal(c[0], c[1]));
+  CHECK((c[0] - torch::mm(a, b)).abs().max().item<double>() < 1e-3);
 }
 
 TEST_CASE("kernel settings reject unknown names and what cannot run here", "[nn][gemm][errors]") {

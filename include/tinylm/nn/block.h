@@ -3,6 +3,7 @@
 #pragma once
 
 #include <tinylm/nn/attention.h>
+#include <tinylm/nn/kernel_policy.h>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
@@ -30,6 +31,8 @@ struct FeedForwardOptions {
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, bias) = true;
   TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
+  /// Who computes the two projections' products (KernelPolicy::linear_products).
+  TORCH_ARG(KernelPolicy, kernel_policy);
 };
 
 /// Linear(D, eD) -> GELU (tanh approximation, or exact) -> Linear(eD, D) -> dropout.

@@ -41,6 +41,13 @@ GemmBackend gemm_backend_from_string(const std::string& name);
 bool gemm_backend_available(GemmBackend backend);
 bool cpu_isa_available(CpuIsa isa);
 
+/// The CPU core OpenBLAS picked its kernels for ("Haswell", "SkylakeX", ...; the
+/// OPENBLAS_CORETYPE variable can hold it below the CPU), "" where the BLAS is not OpenBLAS.
+std::string blas_core_name();
+/// Whether libxsmm writes AVX-512 code here while the BLAS runs narrower kernels: then
+/// products above the small size go to libxsmm's tiles (KernelPolicy::large_gemm).
+bool libxsmm_wider_than_blas();
+
 /// The instruction set tinylm's loops use from now on; throws if unavailable.
 void set_cpu_isa(CpuIsa isa);
 CpuIsa cpu_isa();  ///< the one in use: generic or avx2, never automatic

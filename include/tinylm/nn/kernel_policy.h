@@ -55,6 +55,16 @@ struct KernelPolicy {
   /// Who computes the fused ops' products: automatic (by shape, gemm_backend()), or one
   /// backend for all (comparisons, or stepping around a platform problem).
   GemmBackend gemm = GemmBackend::automatic;
+  /// Who computes products above small_gemm_flops (when `gemm` is automatic): automatic
+  /// is libxsmm's AVX-512 kernels in tiles over the intra-op threads where the BLAS runs
+  /// narrower code (OpenBLAS held to AVX2, as OPENBLAS_CORETYPE=Haswell does: 1.8x on P2's
+  /// products, on par with OpenBLAS's own AVX-512 kernels), else BLAS.
+  GemmBackend large_gemm = GemmBackend::automatic;
+  /// Linear layers (the transformer's projections, MLP and head) compute their products
+  /// with tinylm's gemm, the bias added in the product, wherever the input is float32 on
+  /// the CPU and the forward product is above small_gemm_flops and goes to a backend
+  /// other than BLAS (else LibTorch's linear runs them, as before).
+  bool linear_products = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
   /// attention would run the fused kernel.
   bool fuse_whole_model = true;
@@ -64,6 +74,9 @@ struct KernelPolicy {
   /// The backend of a product of this shape: small ones to libxsmm where it works, else
   /// the hand kernel where the AVX2 loops run, else BLAS; large ones to BLAS.
   GemmBackend gemm_backend(int64_t M, int64_t N, int64_t K) const;
+  /// Whether a Linear layer's (M x K) by (N x K)ᵀ product runs tinylm's gemm (see
+  /// linear_products).
+  bool linear_uses_gemm(int64_t M, int64_t N, int64_t K) const;
   /// Whether the fused attention's T x T products go through BLAS at this length.
   bool attention_products_use_blas(int64_t seq_len) const { return seq_len >= attention_blas_min_seq_len; }
 };

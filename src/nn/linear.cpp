@@ -1,0 +1,92 @@
+// Linear layers through tinylm's gemm (see linear.h). M rows of x, K input features, N
+// outputs; W is N x K.
+//   forward:  y = x Wᵀ (+ b, written first and accumulated into)
+//   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
+#include "nn/linear.h"
+
+#include <tinylm/nn/cpu_kernels.h>
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace tinylm::nn {
+
+namespace {
+
+float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& bias,
+                                                int64_t gemm, int64_t large_gemm, double small_gemm_flops) {
+    RECORD_USER_SCOPE("tinylm::linear");
+    const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
+    KernelPolicy policy;
+    policy.gemm = static_cast<GemmBackend>(gemm);
+    policy.large_gemm = static_cast<GemmBackend>(large_gemm);
+    policy.small_gemm_flops = small_gemm_flops;
+    auto x2 = x.reshape({M, K}).contiguous();
+    auto w = weight.contiguous();
+    auto y = torch::empty({M, N}, x.options());
+    const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
+    if (has_bias) y.copy_(bias.expand({M, N}));
+    nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias,
+             policy.gemm_backend(M, N, K));
+    ctx->save_for_backward({x2, w});
+    ctx->saved_data["gemm"] = gemm;
+    ctx->saved_data["large_gemm"] = large_gemm;
+    ctx->saved_data["small_gemm_flops"] = small_gemm_flops;
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    auto out_sizes = x.sizes().vec();
+    out_sizes.back() = N;
+    return {y.view(out_sizes)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];  // (M, K)
+    const auto& w = saved[1];  // (N, K)
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    KernelPolicy policy;
+    policy.gemm = static_cast<GemmBackend>(ctx->saved_data["gemm"].toInt());
+    policy.large_gemm = static_cast<GemmBackend>(ctx->saved_data["large_gemm"].toInt());
+    policy.small_gemm_flops = ctx->saved_data["small_gemm_flops"].toDouble();
+    auto dy = grads[0].reshape({M, N}).contiguous();
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::empty({M, K}, x.options());
+      nn::gemm(false, false, M, K, N, floats(dy), N, floats(w), K, floats(dx), K, false, policy.gemm_backend(M, K, N));
+      dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      dw = torch::empty({N, K}, x.options());
+      nn::gemm(true, false, N, K, M, floats(dy), N, floats(x), K, floats(dw), K, false, policy.gemm_backend(N, K, M));
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     const KernelPolicy& policy) {
+  const bool fits = x.defined() && x.dim() >= 1 && x.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
+                    weight.dim() == 2 && weight.device().is_cpu() && weight.scalar_type() == torch::kFloat32 &&
+                    x.size(-1) == weight.size(1) && x.numel() > 0 &&
+                    (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+                                         bias.scalar_type() == torch::kFloat32 && bias.device().is_cpu()));
+  if (!fits || !policy.linear_uses_gemm(x.numel() / x.size(-1), weight.size(0), weight.size(1)))
+    return torch::nn::functional::linear(x, weight, bias);
+  // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
+  const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
+  return LinearFunction::apply(x, weight, b, static_cast<int64_t>(policy.gemm),
+                               static_cast<int64_t>(policy.large_gemm), policy.small_gemm_flops)[0];
+}
+
+}  // namespace tinylm::nn

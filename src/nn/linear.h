@@ -1,0 +1,18 @@
+// Linear layers through tinylm's matrix products: y = x Wᵀ + b as one autograd op whose
+// forward and backward products run tinylm::nn::gemm with the model's KernelPolicy
+// (libxsmm's AVX-512 tiles over the intra-op threads where that beats the BLAS).
+#pragma once
+
+#include <tinylm/nn/kernel_policy.h>
+
+#include <torch/types.h>
+
+namespace tinylm::nn {
+
+/// torch::nn::functional::linear(x, weight, bias) (bias may be undefined): through
+/// tinylm's gemm where policy.linear_uses_gemm says so for x's rows (float32 on the CPU),
+/// else through LibTorch's linear. The two agree to float32 rounding.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     const KernelPolicy& policy);
+
+}  // namespace tinylm::nn
