@@ -3,6 +3,7 @@
 // Over 400 lines on purpose: one harness (timing, pairing, JSON output) and its cases,
 // each a few dozen lines that share those helpers.
 #include "bench.h"
+#include "op_profile.h"
 #include "spawn.h"
 
 #include <tinylm/nn/cpu_kernels.h>
@@ -149,14 +150,34 @@ double train_flops_per_step(const RunConfig& c) {
   return 3.0 * per_token * T * c.trainer.batch_size() * c.trainer.grad_accum();
 }
 
+/// The matmul peaks at the bench's thread count, n x n float32 products: BLAS (OpenBLAS
+/// with its own threads at that count, its kernels as wide as OPENBLAS_CORETYPE lets them
+/// be: AVX2 for Haswell) and libxsmm's tiles (the widest code libxsmm writes here: AVX-512
+/// where the CPU has it). Returns the higher: what MFU is measured against.
 double matmul_peak(bool quick) {
   const int64_t n = quick ? 256 : 1024;
   auto a = torch::randn({n, n}), b = torch::randn({n, n}), out = torch::empty({n, n});
-  auto s = time_per_call([&] { torch::mm_out(out, a, b); }, quick ? 1 : 3, quick ? 3 : 9, quick ? 1 : 3);
   const double flops = 2.0 * n * n * n;
-  emit("peak", "matmul_gflops", "GFLOP/s", flops / 1e9, s,
-       Json{{"op", "mm"}, {"n", n}, {"dtype", "float32"}});
-  return flops / 1e9 / s.median;
+  double best = 0;
+  std::vector<nn::GemmBackend> backends = {nn::GemmBackend::blas};
+  if (nn::gemm_backend_available(nn::GemmBackend::libxsmm)) backends.push_back(nn::GemmBackend::libxsmm);
+  for (auto backend : backends) {
+    if (backend == nn::GemmBackend::blas) set_blas_threads(g_threads);  // BLAS at its best
+    auto s = time_per_call([&] {
+      nn::gemm(false, false, n, n, n, a.data_ptr<float>(), n, b.data_ptr<float>(), n, out.data_ptr<float>(), n,
+               false, backend);
+    }, quick ? 1 : 3, quick ? 3 : 9, quick ? 1 : 3);
+    set_cpu_threads(g_threads);
+    const std::string name = nn::to_string(backend);
+    emit("peak_" + name, "matmul_gflops", "GFLOP/s", flops / 1e9, s,
+         Json{{"op", "mm"}, {"n", n}, {"dtype", "float32"}, {"backend", name},
+              {"blas_core", nn::blas_core_name()}});
+    best = std::max(best, flops / 1e9 / s.median);
+  }
+  emit_value("peak", "matmul_gflops", "GFLOP/s", best,
+             Json{{"op", "mm"}, {"n", n}, {"dtype", "float32"}, {"of", "the higher of peak_blas and peak_libxsmm"},
+                  {"kernels", nn::cpu_kernels_description()}});
+  return best;
 }
 
 void bench_p1(bool quick) {
@@ -253,44 +274,56 @@ void bench_p1_parts(bool quick) {
   }
 }
 
-/// The matrix products of P1's fused loss (N = 16 x 12 rows, d 32, vocab 64), each
-/// through every candidate: libxsmm's JIT kernel, BLAS sgemm called directly, tinylm's
-/// hand kernel (for each instruction set), and LibTorch's matmul (what the fused loss
-/// called before), in alternating rounds.
+/// Matrix products, each through every candidate: libxsmm (one JIT kernel for a small
+/// product, AVX-512 tiles over the intra-op threads for a larger one), BLAS sgemm called
+/// directly, tinylm's hand kernel (for each instruction set; small products only), and
+/// LibTorch's matmul, in alternating rounds. P1's fused loss (N = 16 x 12 rows, d 32,
+/// vocab 64) and P2's linear layers (N = 16 x 128 rows, d 256, MLP 1024), forward and
+/// both backward products.
 void bench_gemm(bool quick) {
-  const int64_t N = 16 * 12, D = 32, V = 64;
+  const int64_t N = 16 * 12, D = 32, V = 64, N2 = 16 * 128, D2 = 256, F2 = 1024;
   struct Product {
     const char* name;
     bool ta, tb;
     int64_t M, Nc, K;
   };
-  const std::vector<Product> products = {
+  std::vector<Product> products = {
       {"qkv_forward", false, true, N, 3 * D, D},  {"qkv_grad_input", false, false, N, D, 3 * D},
       {"qkv_grad_weight", true, false, 3 * D, D, N}, {"out_forward", false, true, N, D, D},
       {"out_grad_input", false, false, N, D, D},  {"out_grad_weight", true, false, D, D, N},
       {"head_forward", false, true, N, V, D},     {"head_grad_input", false, false, N, D, V},
-      {"head_grad_weight", true, false, V, D, N}};
+      {"head_grad_weight", true, false, V, D, N},
+      {"p2_qkv_forward", false, true, N2, 3 * D2, D2}, {"p2_qkv_grad_input", false, false, N2, D2, 3 * D2},
+      {"p2_qkv_grad_weight", true, false, 3 * D2, D2, N2}, {"p2_fc_forward", false, true, N2, F2, D2},
+      {"p2_proj_forward", false, true, N2, D2, F2}, {"p2_proj_grad_input", false, false, N2, F2, D2},
+      {"p2_proj_grad_weight", true, false, D2, F2, N2}};
+  if (quick) products.resize(10);
   struct Candidate {
     std::string name;
     nn::GemmBackend backend;
     nn::CpuIsa isa;
   };
-  std::vector<Candidate> candidates;
-  if (nn::gemm_backend_available(nn::GemmBackend::libxsmm))
-    candidates.push_back({"libxsmm", nn::GemmBackend::libxsmm, nn::CpuIsa::automatic});
-  candidates.push_back({"blas", nn::GemmBackend::blas, nn::CpuIsa::automatic});
-  for (auto i : {nn::CpuIsa::avx2, nn::CpuIsa::generic})
-    if (nn::cpu_isa_available(i)) candidates.push_back({std::string("hand_") + nn::to_string(i), nn::GemmBackend::hand, i});
-  candidates.push_back({"libtorch", nn::GemmBackend::automatic, nn::CpuIsa::automatic});
   const int rounds = quick ? 1 : 3;
   torch::manual_seed(0);
   for (const auto& p : products) {
+    const double flops = 2.0 * p.M * p.Nc * p.K;
+    const bool small = flops <= nn::KernelPolicy{}.small_gemm_flops;
+    std::vector<Candidate> candidates;
+    if (nn::gemm_backend_available(nn::GemmBackend::libxsmm))
+      candidates.push_back({"libxsmm", nn::GemmBackend::libxsmm, nn::CpuIsa::automatic});
+    candidates.push_back({"blas", nn::GemmBackend::blas, nn::CpuIsa::automatic});
+    for (auto i : {nn::CpuIsa::avx2, nn::CpuIsa::generic})
+      if (small && nn::cpu_isa_available(i))
+        candidates.push_back({std::string("hand_") + nn::to_string(i), nn::GemmBackend::hand, i});
+    candidates.push_back({"libtorch", nn::GemmBackend::automatic, nn::CpuIsa::automatic});
     // Operands as stored: A is M x K (K x M when transposed), B K x N (N x K).
     auto a = p.ta ? torch::randn({p.K, p.M}) : torch::randn({p.M, p.K});
     auto b = p.tb ? torch::randn({p.Nc, p.K}) : torch::randn({p.K, p.Nc});
     auto out = torch::empty({p.M, p.Nc});
     const auto lhs = p.ta ? a.t() : a, rhs = p.tb ? b.t() : b;
     const auto expected = torch::mm(lhs, rhs);
+    // About 0.1 s of work per timing, whatever the size.
+    const int inner = static_cast<int>(std::clamp(1e9 / flops, 1.0, 500.0));
     std::map<std::string, std::vector<double>> us;
     for (int round = 0; round < rounds; ++round) {
       for (const auto& cand : candidates) {
@@ -304,8 +337,11 @@ void bench_gemm(bool quick) {
                      b.size(1), out.data_ptr<float>(), p.Nc, false, cand.backend);
           };
         }
-        us[cand.name].push_back(1e6 * time_per_call(call, quick ? 2 : 200, quick ? 2 : 7, quick ? 5 : 500).median);
-        TORCH_CHECK(torch::allclose(out, expected, 1e-4, 1e-4), "bench gemm: ", cand.name, " computed ",
+        us[cand.name].push_back(1e6 * time_per_call(call, quick ? 1 : std::max(2, inner / 2), quick ? 2 : 7,
+                                                    quick ? 2 : inner).median);
+        // Relative to the operands' scale: K products of unit normals sum to ~sqrt(K).
+        const double tol = 1e-5 * std::sqrt(static_cast<double>(p.K)) * 10;
+        TORCH_CHECK(torch::allclose(out, expected, tol, tol), "bench gemm: ", cand.name, " computed ",
                     p.name, " wrong");
         nn::set_cpu_isa(nn::CpuIsa::automatic);
       }
@@ -317,6 +353,7 @@ void bench_gemm(bool quick) {
       std::sort(v.begin(), v.end());
       Json cfg = config;
       cfg["candidate"] = name;
+      cfg["gflops"] = rounded(flops / v[v.size() / 2] / 1e3);
       emit_value("gemm_" + std::string(p.name), "us_per_call", "us", v[v.size() / 2], cfg);
     }
   }
@@ -344,6 +381,44 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
     emit_value("p2", "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
                after - before, describe(c));
   }
+  std::filesystem::remove_all(c.trainer.out_dir());
+}
+
+/// Where a P2 step's time goes: each op family's share of the wall time of `steps`
+/// training steps (self time of the ops, see op_profile.h); "untimed" is the rest (the
+/// step's own code between ops).
+void bench_p2_ops(bool quick) {
+  RunConfig c = p2_config();
+  if (quick) {
+    c.set("n-layers", 1);
+    c.task_options.seq_len(32);
+    c.trainer.batch_size(4);
+  }
+  train::Trainer t = make_trainer(c);
+  for (int i = 0; i < 2; ++i) t.train_step();
+  const int64_t steps = quick ? 2 : 10;
+  std::map<std::string, double> seconds;
+  double wall = 0;
+  {
+    cli::OpProfile profile;
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) t.train_step();
+    wall = std::chrono::duration<double>(Clock::now() - start).count();
+    seconds = profile.seconds();
+  }
+  Json config = describe(c);
+  config["steps"] = steps;
+  config["kernels"] = nn::cpu_kernels_description();
+  double timed = 0;
+  for (const auto& [family, s] : seconds) {
+    timed += s;
+    Json cfg = config;
+    cfg["ms_per_step"] = rounded(1e3 * s / steps);
+    emit_value("p2_ops_" + family, "share", "fraction of the step", s / wall, cfg);
+  }
+  Json cfg = config;
+  cfg["ms_per_step"] = rounded(1e3 * std::max(0.0, wall - timed) / steps);
+  emit_value("p2_ops_untimed", "share", "fraction of the step", std::max(0.0, wall - timed) / wall, cfg);
   std::filesystem::remove_all(c.trainer.out_dir());
 }
 
@@ -754,7 +829,10 @@ int run_bench(const BenchArgs& a) {
     bench_p1_kernels(a.quick);
     bench_p1_parts(a.quick);
   }
-  if (wants("p2")) bench_p2(a.quick, peak, a.memory_steps);
+  if (wants("p2")) {
+    bench_p2(a.quick, peak, a.memory_steps);
+    bench_p2_ops(a.quick);
+  }
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);
   if (wants("dp")) bench_dp(a.quick);

@@ -12,6 +12,7 @@
 #include "attention_kernels.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& qkv_in, int64_t n_heads,
                                                 bool causal, int64_t blas_from) {
+    RECORD_USER_SCOPE("tinylm::fused_attention");  // named for op profiles (tinylm bench)
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
     torch::Tensor out, p;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -422,7 +423,11 @@ double Trainer::train_step(double* grad_norm) {
   double loss_value = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     const int64_t B = options_.batch_size();
-    auto batch = task_->sample(B * world_size_, data::Split::train, data_gen_);
+    data::Batch batch;
+    {
+      RECORD_USER_SCOPE("tinylm::data");  // named for op profiles (tinylm bench)
+      batch = task_->sample(B * world_size_, data::Split::train, data_gen_);
+    }
     auto inputs = batch.inputs.narrow(0, B * rank_, B).to(device);  // this rank's rows
     auto targets = batch.targets.narrow(0, B * rank_, B).to(device);
     torch::Tensor loss;
@@ -451,10 +456,13 @@ double Trainer::train_step(double* grad_norm) {
   TORCH_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ",
               state_.step + 1, " (lr ", lr, "): training stopped. Try a lower learning rate, "
               "gradient clipping (grad_clip 1.0) or warmup (warmup_steps)");
-  const double clip = options_.grad_clip();
-  const double norm = clip > 0 ? optimizer_->clip_grad_norm(clip) : 0.0;
-  if (grad_norm) *grad_norm = norm;
-  optimizer_->step(lr);
+  {
+    RECORD_USER_SCOPE("tinylm::optimizer");  // named for op profiles (tinylm bench)
+    const double clip = options_.grad_clip();
+    const double norm = clip > 0 ? optimizer_->clip_grad_norm(clip) : 0.0;
+    if (grad_norm) *grad_norm = norm;
+    optimizer_->step(lr);
+  }
   ++state_.step;
   return loss_value;
 }
