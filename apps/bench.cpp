@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -398,6 +399,7 @@ void bench_p2_ops(bool quick) {
   for (int i = 0; i < 2; ++i) t.train_step();
   const int64_t steps = quick ? 2 : 10;
   std::map<std::string, double> seconds;
+  std::map<std::string, std::map<std::string, double>> by_op;
   double wall = 0;
   {
     cli::OpProfile profile;
@@ -405,6 +407,7 @@ void bench_p2_ops(bool quick) {
     for (int64_t i = 0; i < steps; ++i) t.train_step();
     wall = std::chrono::duration<double>(Clock::now() - start).count();
     seconds = profile.seconds();
+    by_op = profile.seconds_by_op();
   }
   Json config = describe(c);
   config["steps"] = steps;
@@ -414,6 +417,14 @@ void bench_p2_ops(bool quick) {
     timed += s;
     Json cfg = config;
     cfg["ms_per_step"] = rounded(1e3 * s / steps);
+    // The family's five largest ops, ms per step.
+    std::vector<std::pair<double, std::string>> ops;
+    for (const auto& [name, t] : by_op[family]) ops.push_back({t, name});
+    std::sort(ops.rbegin(), ops.rend());
+    Json top = Json::array();
+    for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
+      top.push_back({ops[i].second, rounded(1e3 * ops[i].first / steps)});
+    cfg["top_ops_ms"] = top;
     emit_value("p2_ops_" + family, "share", "fraction of the step", s / wall, cfg);
   }
   Json cfg = config;
@@ -447,15 +458,19 @@ void bench_p3(bool quick) {
 
 void bench_attention(bool quick) {
   struct Size { int64_t B, T, D, H; };
-  std::vector<Size> sizes = {{16, 12, 32, 4}, {16, 64, 128, 4}, {16, 128, 256, 8}};
+  std::vector<Size> sizes = {{16, 12, 32, 4}, {16, 64, 128, 4}, {16, 128, 256, 8}, {8, 256, 256, 8}};
   if (quick) sizes = {{2, 12, 32, 4}};
   struct Kernel {
     nn::AttentionKernel kernel;
     const char* name;
+    int64_t blas_from;  // the fused kernel's T x T products through BLAS from this length
   };
-  std::vector<Kernel> kernels = {{nn::AttentionKernel::plain, "manual"},
-                                 {nn::AttentionKernel::fused, "fused"}};
-  if (nn::sdpa_available()) kernels.push_back({nn::AttentionKernel::sdpa, "sdpa"});
+  const int64_t policy_blas_from = nn::KernelPolicy{}.attention_blas_min_seq_len;
+  std::vector<Kernel> kernels = {{nn::AttentionKernel::plain, "manual", policy_blas_from},
+                                 {nn::AttentionKernel::fused, "fused", policy_blas_from},
+                                 {nn::AttentionKernel::fused, "fused_loops", INT64_MAX},
+                                 {nn::AttentionKernel::fused, "fused_blas", 1}};
+  if (nn::sdpa_available()) kernels.push_back({nn::AttentionKernel::sdpa, "sdpa", policy_blas_from});
   for (const auto& z : sizes) {
     const Json size = {{"B", z.B}, {"T", z.T}, {"D", z.D}, {"H", z.H}};
     std::map<std::string, double> median;
@@ -464,7 +479,10 @@ void bench_attention(bool quick) {
     for (int round = 0; round < rounds; ++round) {
       for (const auto& k : kernels) {
         torch::manual_seed(0);
-        nn::MultiHeadSelfAttention attn(nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).kernel(k.kernel));
+        nn::KernelPolicy policy;
+        policy.attention_blas_min_seq_len = k.blas_from;
+        nn::MultiHeadSelfAttention attn(
+            nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).kernel(k.kernel).policy(policy));
         auto x = torch::randn({z.B, z.T, z.D}, torch::requires_grad());
         auto upstream = torch::randn({z.B, z.T, z.D});  // a dense gradient, as training has
         const int inner = z.T <= 16 ? 200 : (z.T <= 64 ? 20 : 5);
@@ -478,6 +496,7 @@ void bench_attention(bool quick) {
           mean.median = median[k.name];
           Json config = size;
           config["path"] = k.name;
+          config["blas_from_seq_len"] = k.blas_from == INT64_MAX ? -1 : k.blas_from;
           emit(std::string("attention_") + k.name, "fwd_bwd_per_s", "calls/s", 1.0, mean, config);
         }
       }

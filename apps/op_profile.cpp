@@ -19,13 +19,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Frame {
+  std::string name;
   std::string family;
   Clock::time_point start;
   double children = 0;  // seconds spent in ops this one called
 };
 
 std::mutex g_mutex;
-std::map<std::string, double> g_seconds;  // under g_mutex
+std::map<std::string, double> g_seconds;                         // under g_mutex
+std::map<std::string, std::map<std::string, double>> g_by_op;   // under g_mutex
 std::atomic<bool> g_active{false};
 
 std::vector<Frame>& stack() {
@@ -43,7 +45,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       family = it->family;
       break;
     }
-  frames.push_back({family, Clock::now(), 0});
+  frames.push_back({name, family, Clock::now(), 0});
   return nullptr;
 }
 
@@ -55,7 +57,9 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
   const double total = std::chrono::duration<double>(Clock::now() - f.start).count();
   if (!frames.empty()) frames.back().children += total;
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_seconds[f.family] += std::max(0.0, total - f.children);
+  const double self = std::max(0.0, total - f.children);
+  g_seconds[f.family] += self;
+  g_by_op[f.family][f.name] += self;
 }
 
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
@@ -89,6 +93,7 @@ OpProfile::OpProfile() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_seconds.clear();
+    g_by_op.clear();
   }
   g_handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end));
 }
@@ -101,6 +106,15 @@ OpProfile::~OpProfile() {
 std::map<std::string, double> OpProfile::seconds() const {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_seconds;
+}
+
+}  // namespace tinylm::cli
+
+namespace tinylm::cli {
+
+std::map<std::string, std::map<std::string, double>> OpProfile::seconds_by_op() const {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_by_op;
 }
 
 }  // namespace tinylm::cli

@@ -23,6 +23,8 @@ class OpProfile {
   OpProfile& operator=(const OpProfile&) = delete;
   /// Seconds of self time per family so far (all threads).
   std::map<std::string, double> seconds() const;
+  /// Seconds of self time per op name so far, with its family: {family, {name, seconds}}.
+  std::map<std::string, std::map<std::string, double>> seconds_by_op() const;
 };
 
 }  // namespace tinylm::cli

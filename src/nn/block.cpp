@@ -2,6 +2,7 @@
 // B = batch, T = sequence length, D = d_model, e = mlp expansion
 #include <tinylm/nn/block.h>
 #include <tinylm/log.h>
+#include "nn/gelu.h"
 #include "nn/linear.h"
 
 #include <torch/torch.h>
@@ -40,8 +41,9 @@ void FeedForwardImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(linear(x, fc->weight, fc->bias, options.kernel_policy()), options.activation() == Activation::gelu ? "none" : "tanh");  // (B, T, eD)
-  return torch::dropout(linear(h, proj->weight, proj->bias, options.kernel_policy()), options.dropout(), is_training());    // (B, T, D)
+  const auto& policy = options.kernel_policy();
+  auto h = gelu(linear(x, fc->weight, fc->bias, policy), options.activation() == Activation::gelu, policy);  // (B, T, eD)
+  return torch::dropout(linear(h, proj->weight, proj->bias, policy), options.dropout(), is_training());    // (B, T, D)
 }
 
 // ---- TransformerBlock ----------------------------------------------------------

@@ -205,3 +205,37 @@ TEST_CASE("the softmax cross-entropy kernel matches LibTorch's on rows of every 
   CHECK(std::abs(loss - expected.item<double>()) < 1e-4 * N);
   CHECK((work - zr.grad()).abs().max().item<double>() < 1e-6);
 }
+
+TEST_CASE("GELU's loops match the formulas in float64, both forms, value and slope", "[nn][gelu]") {
+  const auto* table = GENERATE(from_range(runnable_tables()));
+  const bool exact = GENERATE(true, false);
+  INFO(table->isa << (exact ? " exact" : " tanh"));
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.00731f) x.push_back(v);
+  x.insert(x.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 3.0f});  // 7: a tail
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n), dy(n, 1.0f), dx(n);
+  table->gelu_forward(x.data(), y.data(), n, exact);
+  table->gelu_backward(x.data(), dy.data(), dx.data(), n, exact);
+  const double kBeta = std::sqrt(2.0 / M_PI), kKappa = 0.044715;
+  double worst_value = 0, worst_slope = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    double value, slope;
+    if (exact) {
+      const double cdf = 0.5 * std::erfc(-v / std::sqrt(2.0)), pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+      value = v * cdf;
+      slope = cdf + v * pdf;
+    } else {
+      const double th = std::tanh(kBeta * (v + kKappa * v * v * v));
+      value = 0.5 * v * (1 + th);
+      slope = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * kBeta * (1 + 3 * kKappa * v * v);
+    }
+    // Absolute against the larger of the value and 1: float32 rounding of x itself.
+    worst_value = std::max(worst_value, std::abs(y[i] - value) / std::max(1.0, std::abs(value)));
+    worst_slope = std::max(worst_slope, std::abs(dx[i] - slope) / std::max(1.0, std::abs(slope)));
+  }
+  INFO("largest error: value " << worst_value << ", slope " << worst_slope);
+  CHECK(worst_value < 1e-6);
+  CHECK(worst_slope < 1e-6);
+}

@@ -22,13 +22,17 @@ TEST_CASE("fused attention equals the step-by-step path, forward and backward",
                                      std::make_tuple(2, 9, 30, 3), std::make_tuple(1, 31, 20, 2));
   const bool causal = GENERATE(true, false);
   const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  // The T x T products on tinylm's loops (the default at these lengths) or through BLAS.
+  const bool blas_products = GENERATE(false, true);
   INFO("B " << B << " T " << T << " D " << D << " H " << H << " causal " << causal << " loops "
-            << to_string(isa));
+            << to_string(isa) << " BLAS products " << blas_products);
   KernelGuard kernels(isa);
   torch::manual_seed(B * 100 + T);
+  KernelPolicy policy;
+  policy.attention_blas_min_seq_len = blas_products ? 1 : 1 << 20;
   MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
   MultiHeadSelfAttention fused(
-      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused));
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused).policy(policy));
   {
     torch::NoGradGuard g;
     auto src = plain->named_parameters();

@@ -68,11 +68,12 @@ TEST_CASE("the attention kernel a policy picks, as a table", "[nn][kernel-policy
   KernelPolicy early;
   early.sdpa_cpu_min_seq_len = 8;
   CHECK(early.attention_kernel(AttentionKernel::automatic, cpu_call(12)) == sdpa_or_fused);
-  CHECK(policy.attention_products_use_blas(32));
-  CHECK(!policy.attention_products_use_blas(31));
+  CHECK(policy.attention_products_use_blas(512));
+  CHECK(!policy.attention_products_use_blas(256));
   KernelPolicy loops;
   loops.attention_blas_min_seq_len = 1000;
   CHECK(!loops.attention_products_use_blas(512));
+  CHECK(loops.attention_products_use_blas(1000));
 }
 
 TEST_CASE("a model's policy reaches every attention it holds and decides its kernel", "[nn][kernel-policy]") {

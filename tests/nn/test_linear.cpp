@@ -1,10 +1,12 @@
-// src/nn/linear.h: Linear layers through tinylm's products, against LibTorch's linear.
+// src/nn/linear.h and src/nn/gelu.h: Linear layers and GELU on tinylm's kernels, against
+// LibTorch's linear and gelu.
 #include "../test_util.h"
 
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/kernel_policy.h>
 #include <tinylm/nn/model.h>
 
+#include "nn/gelu.h"
 #include "nn/linear.h"
 
 #include <vector>
@@ -111,4 +113,28 @@ TEST_CASE("a transformer trains the same with its Linear layers on tinylm's prod
     INFO("parameter " << i);
     CHECK(max_diff(grads[0][i], grads[1][i]) < 1e-5);
   }
+}
+
+TEST_CASE("GELU on tinylm's loops: LibTorch's gelu and its gradient to float32 rounding", "[nn][gelu]") {
+  const bool exact = GENERATE(true, false);
+  INFO((exact ? "exact" : "tanh"));
+  torch::manual_seed(8);
+  auto x = (3 * torch::randn({5, 33, 41})).requires_grad_();  // a tail past whole vectors
+  auto x2 = x.detach().clone().requires_grad_();
+  auto upstream = torch::randn({5, 33, 41});
+  KernelPolicy loops, libtorch;
+  libtorch.gelu_loops = false;
+  auto ours = gelu(x, exact, loops), theirs = gelu(x2, exact, libtorch);
+  ours.backward(upstream);
+  theirs.backward(upstream);
+  CHECK(max_diff(ours, theirs) < 2e-6);
+  CHECK(max_diff(x.grad(), x2.grad()) < 2e-5);
+  // The same bits on one thread and on two (each element is computed alone).
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  auto one = gelu(x.detach(), exact, loops);
+  at::set_num_threads(2);
+  auto two = gelu(x.detach(), exact, loops);
+  at::set_num_threads(before);
+  CHECK(torch::equal(one, two));
 }

@@ -47,8 +47,12 @@ struct KernelPolicy {
   /// beat the fused kernel 1.2x at T 64 and 128 and lost 1.8x at T 12.
   int64_t sdpa_cpu_min_seq_len = 64;
   /// The fused attention's two T x T products through BLAS batched matmuls from this
-  /// length; shorter ones are faster as plain loops (no copies, no per-call overhead).
-  int64_t attention_blas_min_seq_len = 32;
+  /// length; shorter ones are faster as plain loops (no copies, no per-call overhead,
+  /// half the work under the causal mask). Measured (`tinylm bench --cases attention`,
+  /// forward + backward, once the loops ran on every thread): the loops won at every
+  /// length tried, 1.27x at T 128 and 1.37x at T 256 on one thread, 1.7-1.9x on two;
+  /// longer sequences were not measured.
+  int64_t attention_blas_min_seq_len = 512;
   /// Products up to this many flops (2 M N K) count as small: all call overhead in BLAS
   /// (15-30 us for 192x32 by 32x96, where libxsmm's JIT kernel takes ~5 us).
   double small_gemm_flops = 8.0 * 1024 * 1024;
@@ -65,6 +69,9 @@ struct KernelPolicy {
   /// the CPU and the forward product is above small_gemm_flops and goes to a backend
   /// other than BLAS (else LibTorch's linear runs them, as before).
   bool linear_products = true;
+  /// GELU (the transformer's MLP, exact or tanh) through tinylm's vectorised loops over
+  /// the intra-op threads wherever its input is float32 on the CPU (else LibTorch's).
+  bool gelu_loops = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
   /// attention would run the fused kernel.
   bool fuse_whole_model = true;
