@@ -338,8 +338,12 @@ void bench_gemm(bool quick) {
                      b.size(1), out.data_ptr<float>(), p.Nc, false, cand.backend);
           };
         }
+        // BLAS at its own best: its pool at the bench's thread count (set_cpu_threads may
+        // hold it to one where libxsmm's tiles take the large products).
+        if (cand.backend == nn::GemmBackend::blas || cand.name == "libtorch") set_blas_threads(g_threads);
         us[cand.name].push_back(1e6 * time_per_call(call, quick ? 1 : std::max(2, inner / 2), quick ? 2 : 7,
                                                     quick ? 2 : inner).median);
+        set_cpu_threads(g_threads);
         // Relative to the operands' scale: K products of unit normals sum to ~sqrt(K).
         const double tol = 1e-5 * std::sqrt(static_cast<double>(p.K)) * 10;
         TORCH_CHECK(torch::allclose(out, expected, tol, tol), "bench gemm: ", cand.name, " computed ",
@@ -382,6 +386,44 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
     emit_value("p2", "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
                after - before, describe(c));
   }
+  std::filesystem::remove_all(c.trainer.out_dir());
+}
+
+/// nanoGPT's CPU recipe (its README's settings for a machine without a GPU): 4 layers, 4
+/// heads, width 128, block 64, batch 12, no biases, exact GELU, learned positions, tied
+/// head, AdamW (lr 1e-3, beta2 0.99, decay 0.1), clip 1.0, on byte-level text (the GPL,
+/// as configs/text-small.toml). scripts/bench_pytorch.py runs the same in PyTorch.
+RunConfig nanogpt_config() {
+  RunConfig c = transformer_config("text", 256, 128, 4, 4);
+  c.task_options.data("/usr/share/common-licenses/GPL-3");
+  c.task_options.seq_len(64);
+  c.trainer.batch_size(12);
+  c.set("bias", false);
+  c.set("activation", "gelu");
+  c.set("positions", "learned");
+  c.set("tie-weights", true);
+  c.trainer.optimizer().lr(1e-3);
+  c.trainer.optimizer().weight_decay(0.1);
+  c.set("beta2", 0.99);
+  c.set("grad-clip", 1.0);
+  c.trainer.out_dir(scratch_dir());
+  return c;
+}
+
+/// Milliseconds per training iteration of nanoGPT's CPU recipe.
+void bench_nanogpt(bool quick) {
+  RunConfig c = nanogpt_config();
+  if (!std::filesystem::exists(c.task_options.data())) {
+    print_line({{"case", "nanogpt"}, {"skipped", c.task_options.data() + " is missing (Debian's base-files has it)"}});
+    return;
+  }
+  train::Trainer t = make_trainer(c);
+  auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 10, quick ? 2 : 7, quick ? 2 : 20);
+  Json config = describe(c);
+  config["recipe"] = "nanoGPT CPU (README): no bias, exact GELU, learned positions, tied head, AdamW, clip 1.0";
+  print_line({{"case", "nanogpt"}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
+              {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
+              {"threads", at::get_num_threads()}, {"config", config}});
   std::filesystem::remove_all(c.trainer.out_dir());
 }
 
@@ -835,9 +877,9 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "gemm" || item == "dp" || item == "data",
+                      item == "gemm" || item == "dp" || item == "data" || item == "nanogpt",
                   "unknown bench case '", item,
-                  "': use peak, p1, p2, p3, attention, gemm, dp, data (comma-separated)");
+                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt (comma-separated)");
     }
   }
   // P2's utilisation needs the peak: measure it whenever P2 runs.
@@ -852,6 +894,7 @@ int run_bench(const BenchArgs& a) {
     bench_p2(a.quick, peak, a.memory_steps);
     bench_p2_ops(a.quick);
   }
+  if (wants("nanogpt")) bench_nanogpt(a.quick);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);
   if (wants("dp")) bench_dp(a.quick);

@@ -1,14 +1,37 @@
 #!/usr/bin/python3
-"""P1 and P2 of `tinylm bench`, written in PyTorch from Python, and the ratios.
+"""P1, P2 and nanoGPT's CPU recipe of `tinylm bench`, written in PyTorch from Python, and
+the ratios; and the recipe's loss curve in both, from the same weights on the same batches.
 
 Runs the same training loops as tinylm's P1 (the reference run: TinyAttentionLM,
 vocab 64, d 32, 4 heads, seq 12, batch 16, Adam) and P2 (4 pre-LN blocks, d 256,
 8 heads, seq 128, batch 16, vocab 256, AdamW) with Debian's python3-torch (the same
 LibTorch 1.13 underneath) at 1 and 2 threads to find PyTorch's best setting, then
-runs rounds of PyTorch-then-`tinylm bench --cases p1,p2` in the same invocation and
-prints each round's tinylm / PyTorch and the median over rounds.
+runs rounds of PyTorch-then-`tinylm bench --cases p1,p2` (at 1 and at 2 threads: each
+side at its best) in the same invocation and prints each round's tinylm / PyTorch and
+the median over rounds.
 
-  scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick]
+nanoGPT's CPU recipe (its README's command for a machine without a GPU): 4 layers, 4
+heads, width 128, block 64, batch 12, no biases, exact GELU, learned positions, tied
+head, AdamW (lr 1e-3, betas 0.9/0.99, decay 0.1 on every 2-D parameter, as nanoGPT's
+configure_optimizers), clip 1.0, written as nanoGPT's model.py, on byte-level text (the
+GPL); speed as ms per iteration, each side at its best thread count.
+
+--curve STEPS trains the recipe STEPS steps in both from the same weights (made here,
+imported into tinylm with `tinylm import`) on the same batches (tinylm's text task's
+windows, drawn here from the same generator), warmup 100 then cosine as tinylm's
+schedule, and prints each step's two losses. Two checks (exit 1 if either fails): over
+the first 50 steps each step's losses agree within 1e-4 nats (the arithmetic: float32
+rounding), and over all steps the means of every 20 steps agree within
+--curve-tolerance (0.01 nats). Past about 50 steps training amplifies rounding
+differences, so single steps drift apart by up to ~0.02 nats while the curves stay
+together (measured 2026-12-02, 300 steps: 2.6e-5 over the first 50, 0.0023 for the
+20-step means). For that run the
+PyTorch model takes tinylm's two departures from nanoGPT, so the check measures
+arithmetic, not them: LayerNorm biases (zero at first, trained; nanoGPT's bias=False has
+none) and weight decay on Linear weights only (nanoGPT decays embeddings too).
+
+  scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick] [--cases p1,p2,nanogpt]
+                           [--curve 300]
 Output: JSON lines, one per figure, then one per ratio.
 """
 import argparse
@@ -90,13 +113,140 @@ class TransformerLM(nn.Module):  # P2: the medium model, tied head, learned posi
         return F.linear(self.ln_f(x), self.emb.weight)
 
 
-def set_threads(n):
-    """LibTorch's intra-op threads and OpenBLAS's own pool, as tinylm's --threads does."""
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm: the bias optional."""
+
+    def __init__(self, d, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d, h, ctx, ln_bias):
+        super().__init__()
+        self.ln_1, self.ln_2 = LayerNorm(d, ln_bias), LayerNorm(d, ln_bias)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+        self.h = h
+        self.register_buffer("mask", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(b, t, d)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT with bias=False: learned positions, pre-LN, exact GELU, tied head and
+    its initialisation (normal 0.02, residual projections 0.02 / sqrt(2 n_layer))."""
+
+    def __init__(self, vocab=256, ctx=64, d=128, h=4, layers=4, ln_bias=False):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.h = nn.ModuleList(GPTBlock(d, h, ctx, ln_bias) for _ in range(layers))
+        self.ln_f = LayerNorm(d, ln_bias)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+        for b in self.h:
+            x = b(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+    def nanogpt_state_dict(self):
+        """The weights under nanoGPT's names (what `tinylm import` reads)."""
+        out = {"transformer.wte.weight": self.wte.weight, "transformer.wpe.weight": self.wpe.weight,
+               "transformer.ln_f.weight": self.ln_f.weight, "lm_head.weight": self.wte.weight}
+        for i, b in enumerate(self.h):
+            p = f"transformer.h.{i}."
+            out.update({p + "ln_1.weight": b.ln_1.weight, p + "attn.c_attn.weight": b.c_attn.weight,
+                        p + "attn.c_proj.weight": b.c_proj.weight, p + "ln_2.weight": b.ln_2.weight,
+                        p + "mlp.c_fc.weight": b.c_fc.weight, p + "mlp.c_proj.weight": b.mlp_proj.weight})
+        return {k: v.detach().clone() for k, v in out.items()}
+
+
+def gpt_optimizer(model, lr, decay_embeddings=True):
+    """nanoGPT's configure_optimizers: AdamW, decay 0.1 on every 2-D parameter (with
+    decay_embeddings=False: on Linear weights only, as tinylm)."""
+    def decayed(name, p):
+        return p.dim() >= 2 and (decay_embeddings or not name.startswith(("wte", "wpe")))
+    params = list(model.named_parameters())
+    groups = [{"params": [p for n, p in params if decayed(n, p)], "weight_decay": 0.1},
+              {"params": [p for n, p in params if not decayed(n, p)], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99))
+
+
+GPL = "/usr/share/common-licenses/GPL-3"
+
+
+class TextWindows:
+    """tinylm's text task (src/data/tasks.cpp): the file's bytes, the last 10% held out;
+    a batch is B windows of T + 1 bytes at offsets drawn by randint from `generator`."""
+
+    def __init__(self, path, seq, generator):
+        data = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=torch.uint8)
+        n_val = int(data.numel() * 0.1)
+        self.train, self.seq, self.g = data[: data.numel() - n_val], seq, generator
+
+    def batch(self, b):
+        starts = torch.randint(self.train.numel() - self.seq, (b, 1), generator=self.g)
+        rows = self.train[starts + torch.arange(self.seq + 1).unsqueeze(0)].long()
+        return rows[:, :-1], rows[:, 1:]
+
+
+def lr_at(step, lr, warmup, total, floor_ratio=0.1):
+    """tinylm's learning_rate_at: linear warmup, then cosine to floor_ratio * lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = lr * floor_ratio
+    return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def gpt_train_step(model, opt, windows):
+    """One iteration of nanoGPT's train.py loop at log_interval 1 (batch 12, clip 1.0);
+    returns the loss."""
+    x, y = windows.batch(12)
+    loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def nanogpt_step_fn(quick):
+    torch.manual_seed(42)
+    model = GPT()
+    opt = gpt_optimizer(model, 1e-3)
+    windows = TextWindows(GPL, 64, torch.Generator().manual_seed(43))
+    return lambda: gpt_train_step(model, opt, windows)
+
+
+def set_threads(n, blas=None):
+    """LibTorch's intra-op threads, and OpenBLAS's own pool (n unless given)."""
     torch.set_num_threads(n)
     try:
-        ctypes.CDLL("libblas.so.3").openblas_set_num_threads(n)
+        ctypes.CDLL("libblas.so.3").openblas_set_num_threads(blas or n)
     except (OSError, AttributeError):
         pass
+
+
+# PyTorch's thread settings tried, (LibTorch intra-op, OpenBLAS): both pools at 1 or 2, and
+# one pool at 2 with the other at 1 (two busy pools can spin on each other's cores).
+THREAD_SETTINGS = [(1, 1), (2, 2), (2, 1), (1, 2)]
 
 
 def time_steps(step, warmup, reps, inner):
@@ -152,67 +302,162 @@ def emit(case, metric, value, unit, **extra):
     print(json.dumps({"case": case, "metric": metric, "value": round(value, 6), "unit": unit, **extra}), flush=True)
 
 
+def tinylm_figures(tinylm, cases, threads, quick):
+    """{case: rate} from one `tinylm bench` run at `threads` (higher is better: nanoGPT's
+    ms per iteration is turned into iterations/s), with its JSON lines printed."""
+    cmd = [tinylm, "bench", "--cases", ",".join(cases), "--threads", str(threads)] + (["--quick"] if quick else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
+        sys.exit(1)
+    rates = {}
+    for line in out.stdout.splitlines():
+        rec = json.loads(line)
+        print(json.dumps(rec), flush=True)
+        key = (rec["case"], rec.get("metric"))
+        if key == ("p1", "train_steps_per_s"):
+            rates["p1"] = rec["value"]
+        elif key == ("p2", "train_tokens_per_s"):
+            rates["p2"] = rec["value"]
+        elif key == ("nanogpt", "ms_per_iter"):
+            rates["nanogpt"] = 1000.0 / rec["value"]
+    return rates
+
+
+def curve(tinylm, steps, workdir):
+    """The recipe's first `steps` losses in PyTorch and in tinylm, from the same weights on
+    the same batches; returns the largest absolute difference."""
+    import tempfile
+    work = tempfile.mkdtemp(prefix="tinylm-curve-", dir=workdir)
+    set_threads(1)
+    torch.manual_seed(42)
+    model = GPT(ln_bias=True)  # tinylm's LayerNorms have biases (zero here), trained
+    init = os.path.join(work, "init.pt")
+    torch.save({"model": model.nanogpt_state_dict(),
+                "model_args": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "bias": False,
+                               "vocab_size": 256, "dropout": 0.0}}, init)
+    ckpt = os.path.join(work, "init.ckpt")
+    run = os.path.join(work, "run")
+    for cmd in ([tinylm, "import", init, "--out", ckpt],
+                [tinylm, "train", "--resume", ckpt, "--task", "text", "--data", GPL, "--seq-len", "64",
+                 "--batch-size", "12", "--optimizer", "adamw", "--lr", "1e-3", "--beta2", "0.99",
+                 "--weight-decay", "0.1", "--grad-clip", "1.0", "--lr-schedule", "cosine", "--warmup-steps", "100",
+                 "--min-lr-ratio", "0.1", "--epochs", "1", "--steps-per-epoch", str(steps), "--log-every", "1",
+                 "--eval-every", "0", "--seed", "42", "--threads", "1", "--out-dir", run]):
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
+            sys.exit(1)
+    theirs = {}
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "train":
+                theirs[rec["step"]] = rec["loss"]
+    opt = gpt_optimizer(model, 1e-3, decay_embeddings=False)
+    windows = TextWindows(GPL, 64, torch.Generator().manual_seed(43))  # tinylm's data generator: seed + 1
+    ours = []
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, 1e-3, 100, steps)
+        ours.append(gpt_train_step(model, opt, windows))
+        emit("nanogpt_curve", "loss", ours[-1], "nats", step=step + 1, tinylm=theirs[step + 1],
+             difference=abs(ours[-1] - theirs[step + 1]))
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+    early = max(abs(ours[i] - theirs[i + 1]) for i in range(min(steps, CURVE_STEPWISE)))
+    windows_diff = max(abs(sum(ours[i:i + CURVE_WINDOW]) - sum(theirs[j + 1] for j in range(i, min(steps, i + CURVE_WINDOW))))
+                       / len(ours[i:i + CURVE_WINDOW]) for i in range(0, steps, CURVE_WINDOW))
+    return early, windows_diff
+
+
+CURVE_STEPWISE, CURVE_WINDOW = 50, 20  # steps compared one by one; steps per compared mean
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tinylm", default=os.path.join(here, "..", "build", "release", "tinylm"))
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the script, not speed")
-    parser.add_argument("--tinylm-threads", type=int, default=1)
+    parser.add_argument("--cases", default="p1,p2,nanogpt", help="comma-separated: p1, p2, nanogpt")
+    parser.add_argument("--tinylm-threads", default="1,2",
+                        help="thread counts tinylm runs at; each case takes its best (default 1,2)")
     parser.add_argument("--rounds", type=int, default=3, help="PyTorch-then-tinylm rounds")
+    parser.add_argument("--curve", type=int, default=0, metavar="STEPS",
+                        help="also compare the recipe's loss curves over STEPS steps (0 = no)")
+    parser.add_argument("--curve-tolerance", type=float, default=0.01,
+                        help="largest difference between 20-step mean losses (nats; exit 1 beyond)")
     args = parser.parse_args()
     if not os.access(args.tinylm, os.X_OK):
         print(f"error: {args.tinylm} is not an executable: build first (scripts/quickstart.sh test)", file=sys.stderr)
         sys.exit(1)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(UNITS)
+    if unknown:
+        print(f"error: unknown case(s) {sorted(unknown)}: use p1, p2, nanogpt", file=sys.stderr)
+        sys.exit(1)
+    if "nanogpt" in cases and not os.path.exists(GPL):
+        print(f"error: nanogpt needs {GPL} (Debian's base-files)", file=sys.stderr)
+        sys.exit(1)
 
     # PyTorch's best thread count, found once.
     threads_best = {}
-    for case in ("p1", "p2"):
+    for case in cases if args.rounds > 0 else []:
         rates = {}
-        for threads in (1, 2):
-            set_threads(threads)
-            rates[threads] = measure_pytorch(case, args.quick)[0]
-            emit(f"pytorch_{case}", "rate_at_threads", rates[threads], UNITS[case], threads=threads)
+        for setting in THREAD_SETTINGS:
+            set_threads(*setting)
+            rates[setting] = measure_pytorch(case, args.quick)[0]
+            emit(f"pytorch_{case}", "rate_at_threads", rates[setting], UNITS[case], threads=setting[0],
+                 blas_threads=setting[1])
         threads_best[case] = max(rates, key=rates.get)
 
     # Then rounds of PyTorch-then-tinylm: each round's ratio is measured side by side, so
     # a machine whose speed drifts moves both figures of a round together.
-    ratios = {"p1": [], "p2": []}
-    cmd = [args.tinylm, "bench", "--cases", "p1,p2", "--threads", str(args.tinylm_threads)] + (["--quick"] if args.quick else [])
+    ratios = {c: [] for c in cases}
+    tinylm_threads = [int(t) for t in args.tinylm_threads.split(",")]
     for r in range(args.rounds):
         theirs = {}
-        for case in ("p1", "p2"):
-            set_threads(threads_best[case])
+        for case in cases:
+            set_threads(*threads_best[case])
             theirs[case], lo, hi = measure_pytorch(case, args.quick)
-            emit(f"pytorch_{case}", "rate", theirs[case], UNITS[case], min=lo, max=hi, threads=threads_best[case], round=r)
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
-            sys.exit(1)
-        ours = {}
-        for line in out.stdout.splitlines():
-            rec = json.loads(line)
-            rec["round"] = r
-            print(json.dumps(rec), flush=True)
-            if rec["case"] == "p1" and rec["metric"] == "train_steps_per_s":
-                ours["p1"] = rec["value"]
-            if rec["case"] == "p2" and rec["metric"] == "train_tokens_per_s":
-                ours["p2"] = rec["value"]
-        for case in ("p1", "p2"):
+            emit(f"pytorch_{case}", "rate", theirs[case], UNITS[case], min=lo, max=hi, threads=threads_best[case][0],
+                 blas_threads=threads_best[case][1], round=r)
+        ours, ours_threads = {}, {}
+        for threads in tinylm_threads:
+            for case, rate in tinylm_figures(args.tinylm, cases, threads, args.quick).items():
+                if rate > ours.get(case, 0):
+                    ours[case], ours_threads[case] = rate, threads
+        for case in cases:
             ratios[case].append(ours[case] / theirs[case])
             emit(f"{case}_ratio", "tinylm_over_pytorch", ours[case] / theirs[case], "x", round=r,
-                 tinylm=ours[case], pytorch=theirs[case])
-    for case in ("p1", "p2"):
+                 tinylm=ours[case], tinylm_threads=ours_threads[case], pytorch=theirs[case],
+                 pytorch_threads=list(threads_best[case]), unit_of_rates=UNITS[case])
+    for case in cases if args.rounds > 0 else []:
         emit(f"{case}_ratio", "median_tinylm_over_pytorch", statistics.median(ratios[case]), "x",
              rounds=len(ratios[case]), all=[round(x, 3) for x in ratios[case]])
+    if args.curve > 0:
+        early, windows_diff = curve(args.tinylm, args.curve, None)
+        emit("nanogpt_curve", "largest_step_difference_first_steps", early, "nats",
+             steps=min(args.curve, CURVE_STEPWISE), tolerance=1e-4)
+        emit("nanogpt_curve", "largest_window_mean_difference", windows_diff, "nats", steps=args.curve,
+             window=CURVE_WINDOW, tolerance=args.curve_tolerance)
+        if early > 1e-4 or windows_diff > args.curve_tolerance:
+            print(f"error: the loss curves differ: {early:.3g} nats over the first {CURVE_STEPWISE} steps "
+                  f"(tolerance 1e-4), {windows_diff:.3g} between {CURVE_WINDOW}-step means "
+                  f"(tolerance {args.curve_tolerance})", file=sys.stderr)
+            sys.exit(1)
 
 
-UNITS = {"p1": "steps/s", "p2": "tokens/s"}
+UNITS = {"p1": "steps/s", "p2": "tokens/s", "nanogpt": "iterations/s"}
 
 
 def measure_pytorch(case, quick):
-    """(median rate, min rate, max rate) of PyTorch's training loop for P1 or P2."""
+    """(median rate, min rate, max rate) of PyTorch's training loop for a case."""
     if case == "p1":
         med, lo, hi = time_steps(p1_step_fn(), 2 if quick else 50, 2 if quick else 9, 5 if quick else 100)
+        return 1 / med, 1 / hi, 1 / lo
+    if case == "nanogpt":
+        med, lo, hi = time_steps(nanogpt_step_fn(quick), 1 if quick else 10, 2 if quick else 7, 2 if quick else 20)
         return 1 / med, 1 / hi, 1 / lo
     step, tokens = p2_step_fn(quick)
     med, lo, hi = time_steps(step, 1 if quick else 3, 2 if quick else 5, 1 if quick else 3)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python helpers, where their Debian packages are installed (exit 77 = skipped):
 #   plot     scripts/plot.py (python3-matplotlib): loss curve and attention heatmap PNGs
-#   pytorch  scripts/bench_pytorch.py --quick (python3-torch): the comparison script runs
+#   pytorch  scripts/bench_pytorch.py --quick (python3-torch): the comparison script runs,
+#            and the nanoGPT recipe's loss curves agree over 20 steps
 # usage: test_optional_python.sh plot|pytorch path/to/tinylm source-dir scratch-dir
 set -u
 what=$1 tinylm=$2 src=$3 work=$4
@@ -19,7 +20,16 @@ if [ "$what" = plot ]; then
   echo "ok: loss.png and attention.png written; a missing metrics file is refused"
 else
   /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIPPED: python3-torch is not installed"; exit 77; }
-  out=$("$src/scripts/bench_pytorch.py" --quick --rounds 1 --tinylm "$tinylm") || { echo "$out"; exit 1; }
+  # --curve: nanoGPT's recipe from the same weights on the same batches in both; 20 steps
+  # agree step by step to 1e-4 nats (the arithmetic's rounding; measured: about 1e-6).
+  out=$("$src/scripts/bench_pytorch.py" --quick --rounds 1 --tinylm-threads 1 --tinylm "$tinylm" \
+        --curve 20 --curve-tolerance 1e-4) || { echo "$out"; exit 1; }
   echo "$out"
-  grep -q '"median_tinylm_over_pytorch"' <<<"$out" || { echo "FAIL: no ratio printed"; exit 1; }
+  for case in p1 p2 nanogpt; do
+    grep -q "\"${case}_ratio\", \"metric\": \"median_tinylm_over_pytorch\"" <<<"$out" ||
+      { echo "FAIL: no $case ratio printed"; exit 1; }
+  done
+  [ "$(grep -c '"nanogpt_curve", "metric": "loss"' <<<"$out")" = 20 ] || { echo "FAIL: not 20 curve steps"; exit 1; }
+  "$src/scripts/bench_pytorch.py" --cases p9 --tinylm "$tinylm" 2> err.txt && { echo "FAIL: an unknown case ran"; exit 1; }
+  grep -q "unknown case" err.txt || { echo "FAIL: unclear error: $(cat err.txt)"; exit 1; }
 fi

@@ -49,8 +49,9 @@ TEST_CASE("every product backend computes op(A) op(B) as LibTorch does, with str
                                   std::make_tuple(7, 13, 5), std::make_tuple(1, 1, 1),
                                   std::make_tuple(17, 33, 9), std::make_tuple(3, 8, 0),
                                   // Above the small size: libxsmm's tiles, with a remainder
-                                  // along every dimension (64 x 64 tiles, K steps of 256).
-                                  std::make_tuple(200, 150, 300));
+                                  // along every dimension (64 x 64 tiles, K steps of 256);
+                                  // from 1024 rows B is copied into panels first.
+                                  std::make_tuple(200, 150, 300), std::make_tuple(1030, 70, 60));
   const bool ta = GENERATE(false, true), tb = GENERATE(false, true), accumulate = GENERATE(false, true);
   INFO(to_string(backend) << " loops " << to_string(isa) << " M " << M << " N " << N << " K " << K
                           << " ta " << ta << " tb " << tb << " accumulate " << accumulate);
