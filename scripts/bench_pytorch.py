@@ -404,7 +404,7 @@ def main():
     threads_best = {}
     for case in cases if args.rounds > 0 else []:
         rates = {}
-        for setting in THREAD_SETTINGS:
+        for setting in THREAD_SETTINGS[:1] if args.quick else THREAD_SETTINGS:  # --quick: the script runs
             set_threads(*setting)
             rates[setting] = measure_pytorch(case, args.quick)[0]
             emit(f"pytorch_{case}", "rate_at_threads", rates[setting], UNITS[case], threads=setting[0],

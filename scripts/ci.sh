@@ -25,11 +25,14 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 
-# Budgets in seconds, for a fresh machine (no roots, no caches). The whole run: 50 min
+# Budgets in seconds, for a fresh machine (no roots, no caches). The whole run: 60 min
 # (on a fresh machine 37 min were measured; where an earlier run left its caches, both
-# roots and both compiler caches, about 20).
-declare -A budget=([roots]=900 [debian12]=1200 [debian13]=900 [cuda]=480 [sanitizers]=1080 [fuzz]=480)
-total_budget=3000
+# roots and both compiler caches, about 20). Raised 2026-12-02 (sanitizers 18 -> 23 min, fuzz 8 -> 10,
+# the run 50 -> 60): with 52 ctest entries the suite under ASan took 622 s, and a change
+# to a header every source includes made its build 515 s: 1,142 s, and 2,980 s in all,
+# with the roots cached (fuzz 483 s: its build was cold too). The hard limit is CI's 90 min.
+declare -A budget=([roots]=900 [debian12]=1200 [debian13]=900 [cuda]=480 [sanitizers]=1380 [fuzz]=600)
+total_budget=3600
 legs=("$@")
 [ ${#legs[@]} -gt 0 ] || legs=(debian12 debian13 cuda sanitizers fuzz)
 for leg in "${legs[@]}"; do
@@ -53,7 +56,7 @@ for d in "$(ccache_dir debian12)" "$(ccache_dir debian13)"; do [ -n "$(ls -A "$d
 # recompiles them in every leg, so past 25 min a warm run is reported, not failed.
 warm_target=1500
 echo "ci: $([ "$warm" = 1 ] && echo "caches of an earlier run found in $cache (target: 25 min)" ||
-  echo "no caches in $cache (a fresh machine)"); the run's budget is 50 min"
+  echo "no caches in $cache (a fresh machine)"); the run's budget is 60 min"
 
 # The host's tools for the legs, before any leg starts (the roots' background job and
 # debian12's set-up would otherwise both run the host's apt at once).
