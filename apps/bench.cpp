@@ -128,11 +128,17 @@ RunConfig transformer_config(const char* task, int64_t vocab, int64_t d_model, i
   return c;
 }
 
-RunConfig p2_config() {  // the medium model
+/// The medium model; quick: one block, sequences of 32, batches of 4 (a smoke run).
+RunConfig p2_config(bool quick = false) {
   RunConfig c = transformer_config("copy", 256, 256, 8, 4);
   c.trainer.optimizer().weight_decay(0.1);
   c.trainer.optimizer().lr(1e-3);
   c.trainer.out_dir(scratch_dir());
+  if (quick) {
+    c.set("n-layers", 1);
+    c.task_options.seq_len(32);
+    c.trainer.batch_size(4);
+  }
   return c;
 }
 
@@ -365,12 +371,7 @@ void bench_gemm(bool quick) {
 }
 
 void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
-  RunConfig c = p2_config();
-  if (quick) {
-    c.set("n-layers", 1);
-    c.task_options.seq_len(32);
-    c.trainer.batch_size(4);
-  }
+  RunConfig c = p2_config(quick);
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
@@ -431,12 +432,7 @@ void bench_nanogpt(bool quick) {
 /// training steps (self time of the ops, see op_profile.h); "untimed" is the rest (the
 /// step's own code between ops).
 void bench_p2_ops(bool quick) {
-  RunConfig c = p2_config();
-  if (quick) {
-    c.set("n-layers", 1);
-    c.task_options.seq_len(32);
-    c.trainer.batch_size(4);
-  }
+  RunConfig c = p2_config(quick);
   train::Trainer t = make_trainer(c);
   for (int i = 0; i < 2; ++i) t.train_step();
   const int64_t steps = quick ? 2 : 10;
@@ -557,13 +553,7 @@ void bench_attention(bool quick) {
 int64_t dp_steps(bool quick) { return quick ? 2 : 12; }
 
 RunConfig dp_config(bool quick) {
-  RunConfig c = p2_config();  // timing only: train_step writes no files
-  if (quick) {
-    c.set("n-layers", 1);
-    c.task_options.seq_len(32);
-    c.trainer.batch_size(4);
-  }
-  return c;
+  return p2_config(quick);  // timing only: train_step writes no files
 }
 
 /// One rank of the data-parallel case (`tinylm bench-worker dp`, started by
