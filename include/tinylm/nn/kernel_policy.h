@@ -1,6 +1,7 @@
 // Every kernel choice a model makes, in one value: which attention computation runs a
 // call, from which length the fused attention's T x T products go through BLAS, which
-// products count as small, who computes them, and whether the tiny model runs as one op.
+// products count as small, who computes small and large ones, whether Linear layers and
+// GELU run on tinylm's kernels, and whether the tiny model runs as one op.
 // A model holds its own (options().kernel_policy(), set_kernel_policy()); nothing here is
 // process-wide. The instruction set of tinylm's loops is the machine's (cpu_kernels.h).
 #pragma once
@@ -79,7 +80,7 @@ struct KernelPolicy {
   /// The kernel that runs `call` when `requested` is asked for.
   AttentionKernel attention_kernel(AttentionKernel requested, const AttentionCall& call) const;
   /// The backend of a product of this shape: small ones to libxsmm where it works, else
-  /// the hand kernel where the AVX2 loops run, else BLAS; large ones to BLAS.
+  /// the hand kernel where the AVX2 loops run, else BLAS; large ones as large_gemm says.
   GemmBackend gemm_backend(int64_t M, int64_t N, int64_t K) const;
   /// Whether a Linear layer's (M x K) by (N x K)ᵀ product runs tinylm's gemm (see
   /// linear_products).
