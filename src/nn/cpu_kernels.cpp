@@ -115,6 +115,18 @@ std::vector<float>& pack_buffer() {
   return buffer;
 }
 
+/// out (K x N) <- B (N x K, row stride ldb) transposed, in 16 x 16 blocks (each block's
+/// reads and writes stay in a few cache lines).
+void transpose_into(const float* B, int64_t N, int64_t K, int64_t ldb, float* out) {
+  constexpr int64_t b = 16;
+  for (int64_t n0 = 0; n0 < N; n0 += b)
+    for (int64_t k0 = 0; k0 < K; k0 += b) {
+      const int64_t n1 = std::min(N, n0 + b), k1 = std::min(K, k0 + b);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t k = k0; k < k1; ++k) out[k * N + n] = B[n * ldb + k];
+    }
+}
+
 #ifdef TINYLM_HAVE_LIBXSMM
 /// The tiles of a tiled product: C in 64 x 64 blocks, K in steps of 256 (an L1/L2-sized
 /// working set; measured against 32, 128 and other steps on P2's products).
@@ -163,10 +175,8 @@ bool xsmm_tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const fl
       float* panel = packed + K * j0;
       if (!tb) {
         for (int64_t k = 0; k < K; ++k) std::memcpy(panel + k * nb, B + k * ldb + j0, nb * sizeof(float));
-      } else {  // B stored N x K: the panel is a transposed block, 16 of K at a time
-        for (int64_t k0 = 0; k0 < K; k0 += 16)
-          for (int64_t c = 0; c < nb; ++c)
-            for (int64_t k = k0; k < std::min(K, k0 + 16); ++k) panel[k * nb + c] = B[(j0 + c) * ldb + k];
+      } else {  // B stored N x K: the panel is the transpose of its rows [j0, j0 + nb)
+        transpose_into(B + j0 * ldb, nb, K, ldb, panel);
       }
     }
   });
@@ -206,17 +216,6 @@ bool libxsmm_works() {
 }
 
 
-/// out (K x N) <- B (N x K, row stride ldb) transposed, in 16 x 16 blocks (each block's
-/// reads and writes stay in a few cache lines).
-void transpose_into(const float* B, int64_t N, int64_t K, int64_t ldb, float* out) {
-  constexpr int64_t b = 16;
-  for (int64_t n0 = 0; n0 < N; n0 += b)
-    for (int64_t k0 = 0; k0 < K; k0 += b) {
-      const int64_t n1 = std::min(N, n0 + b), k1 = std::min(K, k0 + b);
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = k0; k < k1; ++k) out[k * N + n] = B[n * ldb + k];
-    }
-}
 
 }  // namespace
 
