@@ -92,9 +92,8 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
     fit.refusals.push_back(std::string("its positions are ") + nn::to_string(o.positions()) +
                            "; nanoGPT's are learned");
   if (!o.tie_weights()) fit.refusals.push_back("its LM head is untied; nanoGPT ties it to the token embedding");
-  if (!o.bias()) {
-    // nanoGPT's bias=False has no LayerNorm biases either: exported where tinylm's are zero
-    // (a bias=False import, untouched).
+  if (!o.bias() && o.layer_norm_bias()) {
+    // nanoGPT's bias=False has no LayerNorm biases either: exported where tinylm's are zero.
     for (const auto& [name, t] : ck.model)
       if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 && t.count_nonzero().item<int64_t>() != 0) {
         fit.refusals.push_back("it has no Linear biases but non-zero LayerNorm biases ('" + internal::printable(name) +
@@ -102,6 +101,8 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
         break;
       }
   }
+  if (o.bias() && !o.layer_norm_bias())
+    fit.notes.push_back("its LayerNorms have no biases; nanoGPT's bias=True has them: written as zeros");
   if (o.mlp_expansion() != 4)
     fit.refusals.push_back("its MLP expands " + std::to_string(o.mlp_expansion()) + "x; nanoGPT's 4x");
   if (o.activation() == nn::Activation::gelu_tanh)
@@ -135,6 +136,14 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
     const bool layer_norm_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     if (!o.bias() && layer_norm_bias) continue;  // zero (checked above): nanoGPT's bias=False has none
     state.insert(nanogpt_name(name), ck.model.at(name).contiguous());
+    // A LayerNorm without a bias in a model with Linear biases: nanoGPT's bias=True has
+    // one, and a zero bias computes the same.
+    const bool layer_norm_gain = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 &&
+                                 ck.model.at(name).dim() == 1;
+    if (o.bias() && !o.layer_norm_bias() && layer_norm_gain) {
+      const std::string bias_name = name.substr(0, name.size() - 7) + ".bias";
+      state.insert(nanogpt_name(bias_name), torch::zeros_like(ck.model.at(name)).contiguous());
+    }
   }
   // nanoGPT's state dict names the tied head under both names, as PyTorch's does.
   state.insert("lm_head.weight", ck.model.at("token_embedding.weight").contiguous());
@@ -269,6 +278,7 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   auto options = nn::TransformerLMOptions(V, C, D, H, L)
                      .activation(nn::Activation::gelu)
                      .bias(bias)
+                     .layer_norm_bias(bias)
                      .pre_ln(true)
                      .positions(nn::PositionEncoding::learned)
                      .mlp_expansion(4)
@@ -315,16 +325,9 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   torch::NoGradGuard no_grad;
   for (auto& p : result.model->named_parameters()) {
     const std::string theirs = nanogpt_name(p.key());
-    if (!weights.count(theirs)) {
-      // bias=False: nanoGPT's LayerNorm has no bias, tinylm's is zero.
-      TORCH_CHECK(!bias && p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0, where,
-                  " has no '", theirs, "'");
-      p.value().zero_();
-      continue;
-    }
+    TORCH_CHECK(weights.count(theirs), where, " has no '", theirs, "'");
     p.value().copy_(read(theirs));
   }
-  if (!bias) result.notes.push_back("bias=False: tinylm's LayerNorm biases are set to zero");
   if (!tied) result.notes.push_back("its lm_head differs from its token embedding: an untied model");
   if (dropout > 0) result.notes.push_back("dropout " + std::to_string(dropout) + " from its model_args");
   return result;

@@ -99,6 +99,42 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
   CHECK_FALSE(top.at("model").toGenericDict().contains("transformer.ln_f.bias"));
   CHECK(top.at("model").toGenericDict().contains("transformer.ln_f.weight"));
   CHECK(top.at("model_args").toGenericDict().at("bias").toBool() == false);
+
+  // Without LayerNorm biases at all (what a bias=False import is now): the same file.
+  nn::TransformerLM gains(small().bias(false).layer_norm_bias(false).activation(nn::Activation::gelu));
+  const auto gains_ck = checkpoint_of(*gains, dir, "gains");
+  CHECK(interop::nanogpt_fit(gains_ck).refusals.empty());
+  CHECK(interop::nanogpt_fit(gains_ck).notes.empty());
+  const auto gains_out = (dir / "gains.pt").string();
+  interop::export_nanogpt(gains_ck, gains_out);
+  const auto gains_state = read_pickle(gains_out).at("model").toGenericDict();
+  CHECK(gains_state.size() == gains_ck.parameter_names.size() + 1);  // + lm_head.weight, tied
+  CHECK_FALSE(gains_state.contains("transformer.h.0.ln_1.bias"));
+  auto back = interop::import_nanogpt(gains_out);
+  CHECK(back.model->architecture().options.at("layer_norm_bias") == "false");
+  CHECK(back.model->named_parameters().size() == gains->named_parameters().size());
+
+  // Linear biases but no LayerNorm biases: nanoGPT's bias=True has them, written as zeros,
+  // and the import (with bias=True, LayerNorm biases) computes the same logits.
+  torch::manual_seed(6);
+  nn::TransformerLM linear_only(small().layer_norm_bias(false).activation(nn::Activation::gelu));
+  const auto lo_ck = checkpoint_of(*linear_only, dir, "linear-only");
+  const auto fit = interop::nanogpt_fit(lo_ck);
+  CHECK(fit.refusals.empty());
+  REQUIRE(fit.notes.size() == 1);
+  CHECK_THAT(fit.notes[0], Catch::Contains("written as zeros"));
+  const auto lo_out = (dir / "linear-only.pt").string();
+  interop::export_nanogpt(lo_ck, lo_out);
+  const auto lo_state = read_pickle(lo_out).at("model").toGenericDict();
+  REQUIRE(lo_state.contains("transformer.h.1.ln_2.bias"));
+  CHECK(lo_state.at("transformer.h.1.ln_2.bias").toTensor().abs().max().item<float>() == 0.0f);
+  CHECK(lo_state.contains("transformer.ln_f.bias"));
+  auto lo_back = interop::import_nanogpt(lo_out);
+  CHECK(lo_back.model->architecture().options.at("layer_norm_bias") == "true");
+  auto ids = torch::randint(10, {2, 8}, torch::kLong);
+  linear_only->eval();
+  lo_back.model->eval();
+  CHECK(torch::allclose(linear_only->forward(ids).logits, lo_back.model->forward(ids).logits, 0, 1e-6));
 }
 
 TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by LibTorch's pickle",

@@ -37,8 +37,10 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& checkpoint);
 /// nanoGPT's GPT loads with load_state_dict(strict=True). Refuses, naming the reason, a
 /// model nanoGPT cannot express (the tiny model, post-LN, sinusoidal or no positions,
 /// untied head, no Linear biases but non-zero LayerNorm biases, an MLP expansion other than
-/// 4; a bias=False model whose LayerNorm biases are zero exports as bias=False). Returns the notes (a model
-/// with tanh-approximated GELU: nanoGPT's exact GELU gives slightly different logits).
+/// 4; a model without Linear biases exports as bias=False when its LayerNorms have no
+/// biases or zero ones). Returns the notes (a model with tanh-approximated GELU: nanoGPT's
+/// exact GELU gives slightly different logits; LayerNorms without biases in a model with
+/// Linear biases, written as zero biases).
 std::vector<std::string> export_nanogpt(const train::Checkpoint& checkpoint, const std::string& path,
                                         bool overwrite = false);
 
@@ -56,7 +58,8 @@ struct NanoGPTImport {
 /// attention) are skipped. Every weight must be there with the shape the model args
 /// imply, and nothing else: a missing or extra key, or a shape that does not fit, is an
 /// error naming it. A head that differs from the token embedding makes an untied model;
-/// bias=False makes a model without Linear biases whose LayerNorm biases are zero.
+/// bias=False makes a model without Linear or LayerNorm biases (layer_norm_bias false),
+/// which trains as nanoGPT's does.
 NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads = 0);
 
 }  // namespace tinylm::interop

@@ -9,6 +9,35 @@
 
 namespace tinylm::nn {
 
+// ---- LayerNorm -----------------------------------------------------------------
+
+LayerNormImpl::LayerNormImpl(const LayerNormOptions& options_) : options(options_) { reset(); }
+
+void LayerNormImpl::reset() {
+  const int64_t D = options.d_model();
+  TORCH_CHECK(D >= 1, "LayerNorm: d_model must be >= 1, got ", D);
+  TORCH_CHECK(options.eps() > 0, "LayerNorm: eps must be > 0, got ", options.eps());
+  weight = register_parameter("weight", torch::empty({D}));
+  if (options.bias()) bias = register_parameter("bias", torch::empty({D}));
+  else bias = torch::Tensor();
+  reset_parameters();
+}
+
+void LayerNormImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  weight.fill_(1.0);
+  if (bias.defined()) bias.zero_();
+}
+
+void LayerNormImpl::pretty_print(std::ostream& os) const {
+  os << "tinylm::nn::LayerNorm(d_model=" << options.d_model() << ", eps=" << options.eps()
+     << ", bias=" << (options.bias() ? "true" : "false") << ")";
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {options.d_model()}, weight, bias, options.eps());
+}
+
 // ---- FeedForward ---------------------------------------------------------------
 
 FeedForwardImpl::FeedForwardImpl(const FeedForwardOptions& options_) : options(options_) {
@@ -58,8 +87,7 @@ void TransformerBlockImpl::reset() {
   TORCH_CHECK(options.residual_dropout() >= 0 && options.residual_dropout() < 1,
               "TransformerBlock: residual_dropout must be in [0, 1), got ",
               options.residual_dropout());
-  ln1 = register_module("ln1", torch::nn::LayerNorm(
-                                   torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
+  ln1 = register_module("ln1", LayerNorm(LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias())));
   attn = register_module(
       "attn", MultiHeadSelfAttention(
                   MultiHeadSelfAttentionOptions(D, options.n_heads(), options.context_length())
@@ -69,8 +97,7 @@ void TransformerBlockImpl::reset() {
                       .bias(options.bias())
                       .kernel(options.attention_kernel())
                       .policy(options.kernel_policy())));
-  ln2 = register_module("ln2", torch::nn::LayerNorm(
-                                   torch::nn::LayerNormOptions({D}).eps(options.ln_eps())));
+  ln2 = register_module("ln2", LayerNorm(LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias())));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
                                                .expansion(options.mlp_expansion())
                                                .dropout(options.residual_dropout())

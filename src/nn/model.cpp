@@ -119,9 +119,10 @@ double transformer_parameter_elements(const TransformerLMOptions& o) {
                c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
                e = static_cast<double>(o.mlp_expansion());
   const double biases = o.bias() ? 4 * d + e * d + d : 0;  // attention (qkv, out), mlp (fc, proj)
-  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 4 * d;  // + two LayerNorms
+  const double norm = o.layer_norm_bias() ? 2 * d : d;  // a LayerNorm's gain (and bias)
+  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 2 * norm;  // + two LayerNorms
   return v * d + (o.positions() == PositionEncoding::learned ? c * d : 0) + l * per_layer +
-         2 * d                                  // ln_f
+         norm                                   // ln_f
          + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
 }
 
@@ -177,6 +178,7 @@ const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
     s.add(TINYLM_OPTION(O, dropout), "embedding and residual dropout", fraction());
     s.add(TINYLM_OPTION(O, attn_dropout), "attention-weight dropout", fraction());
     s.add(TINYLM_OPTION(O, bias), "biases in Linear layers");
+    s.add(TINYLM_OPTION(O, layer_norm_bias), "biases in LayerNorms (false with bias false: nanoGPT's bias=False)");
     s.add(TINYLM_OPTION(O, pre_ln), "pre-LN blocks; false = post-LN");
     s.choice(TINYLM_OPTION(O, activation), {{to_string(Activation::gelu_tanh), Activation::gelu_tanh},
                                             {to_string(Activation::gelu), Activation::gelu}},
@@ -360,12 +362,13 @@ void TransformerLMImpl::reset() {
                                            .attn_dropout(options.attn_dropout())
                                            .residual_dropout(options.dropout())
                                            .bias(options.bias())
+                                           .layer_norm_bias(options.layer_norm_bias())
                                            .pre_ln(options.pre_ln())
                                            .activation(options.activation())
                                            .attention_kernel(options.attention_kernel())
                                            .kernel_policy(options.kernel_policy())));
   }
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})));
+  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias())));
   if (!options.tie_weights()) {
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(D, V).bias(false)));
@@ -380,9 +383,8 @@ void TransformerLMImpl::reset_parameters() {
     if (auto* linear = module->as<torch::nn::Linear>()) {
       linear->weight.normal_(0.0, kStd);
       if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* norm = module->as<torch::nn::LayerNorm>()) {
-      norm->weight.fill_(1.0);
-      norm->bias.zero_();
+    } else if (auto* norm = module->as<LayerNorm>()) {
+      norm->reset_parameters();
     }
   }
   token_embedding->weight.normal_(0.0, kStd);

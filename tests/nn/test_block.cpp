@@ -10,6 +10,41 @@ using namespace tinylm::nn;
 using tinylm::test::error_message;
 using tinylm::test::max_abs_diff;
 
+TEST_CASE("LayerNorm: a gain and a bias, or a gain only", "[nn][block]") {
+  torch::manual_seed(4);
+  auto x = torch::randn({2, 3, 8});
+  LayerNorm with(LayerNormOptions(8));
+  LayerNorm gain_only(LayerNormOptions(8).bias(false));
+  CHECK(with->named_parameters().keys() == std::vector<std::string>{"weight", "bias"});
+  CHECK(gain_only->named_parameters().keys() == std::vector<std::string>{"weight"});
+  CHECK_FALSE(gain_only->bias.defined());
+  {
+    torch::NoGradGuard no_grad;
+    with->weight.uniform_(0.5, 1.5);
+    with->bias.uniform_(-1, 1);
+    gain_only->weight.copy_(with->weight);
+  }
+  // LibTorch's own LayerNorm with the same gain and bias is the reference.
+  torch::nn::LayerNorm reference(torch::nn::LayerNormOptions({8}));
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(with->weight);
+    reference->bias.copy_(with->bias);
+  }
+  CHECK(max_abs_diff(with(x), reference(x)) < 1e-6);
+  {
+    torch::NoGradGuard no_grad;
+    reference->bias.zero_();
+  }
+  CHECK(max_abs_diff(gain_only(x), reference(x)) < 1e-6);
+  CHECK(max_abs_diff(gain_only(x), with(x)) > 0.1);  // the bias mattered above
+  auto copy = std::dynamic_pointer_cast<LayerNormImpl>(gain_only->clone());
+  REQUIRE(copy);
+  CHECK(copy->named_parameters().size() == 1);
+  CHECK(torch::equal(copy->forward(x), gain_only(x)));
+  CHECK_THAT(error_message([] { LayerNorm(LayerNormOptions(0)); }), Catch::Contains("LayerNorm: d_model must be >= 1, got 0"));
+}
+
 TEST_CASE("feed-forward is Linear -> GELU(tanh) -> Linear with expansion 4", "[nn][block]") {
   torch::manual_seed(0);
   FeedForward ff(FeedForwardOptions(8));

@@ -251,16 +251,31 @@ TEST_CASE("parameter_count matches the built model for every option that changes
   auto tiny = TinyAttentionLMOptions(13, 7, 16, 2);
   CHECK(parameter_count(architecture_of(tiny)) == count_parameters(*build_model(architecture_of(tiny))));
   for (bool bias : {true, false})
-    for (bool tie : {true, false})
-      for (auto positions : {PositionEncoding::learned, PositionEncoding::sinusoidal, PositionEncoding::none})
-        for (int64_t expansion : {1, 3}) {
-          auto o = TransformerLMOptions(11, 9, 8, 2, 2).bias(bias).tie_weights(tie).positions(positions)
-                       .mlp_expansion(expansion);
-          const auto a = architecture_of(o);
-          INFO("bias " << bias << " tie " << tie << " positions " << to_string(positions) << " expansion "
-                       << expansion);
-          CHECK(parameter_count(a) == count_parameters(*build_model(a)));
-        }
+    for (bool norm_bias : {true, false})
+      for (bool tie : {true, false})
+        for (auto positions : {PositionEncoding::learned, PositionEncoding::sinusoidal, PositionEncoding::none})
+          for (int64_t expansion : {1, 3}) {
+            auto o = TransformerLMOptions(11, 9, 8, 2, 2).bias(bias).layer_norm_bias(norm_bias).tie_weights(tie)
+                         .positions(positions).mlp_expansion(expansion);
+            const auto a = architecture_of(o);
+            INFO("bias " << bias << " layer_norm_bias " << norm_bias << " tie " << tie << " positions "
+                         << to_string(positions) << " expansion " << expansion);
+            CHECK(parameter_count(a) == count_parameters(*build_model(a)));
+          }
+  // Without LayerNorm biases: gains only, in every block and at the top, and an
+  // architecture that rebuilds the same (older checkpoints, which lack the option, have them).
+  TransformerLM gains(TransformerLMOptions(11, 9, 8, 2, 2).bias(false).layer_norm_bias(false));
+  for (const auto& p : gains->named_parameters()) {
+    INFO(p.key());
+    CHECK(p.key().find(".bias") == std::string::npos);
+  }
+  CHECK(gains->named_parameters().contains("blocks.1.ln2.weight"));
+  CHECK(gains->named_parameters().contains("ln_f.weight"));
+  auto arch = gains->architecture();
+  CHECK(arch.options.at("layer_norm_bias") == "false");
+  CHECK_FALSE(build_model(arch)->named_parameters().contains("ln_f.bias"));
+  arch.options.erase("layer_norm_bias");
+  CHECK(build_model(arch)->named_parameters().contains("ln_f.bias"));
   CHECK_THAT(error_message([] { parameter_count({"mlp", 1, {}}); }), Catch::Contains("cannot build a model of kind 'mlp'"));
   auto huge = architecture_of(TransformerLMOptions(8, 8, 8, 2, 1));
   huge.options["n_layers"] = "100000000000000000";

@@ -7,7 +7,6 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
@@ -21,6 +20,30 @@ enum class Activation { gelu_tanh, gelu };
 const char* to_string(Activation a);
 /// "gelu-tanh" | "gelu"; throws on anything else.
 Activation activation_from_string(const std::string& s);
+
+struct LayerNormOptions {
+  explicit LayerNormOptions(int64_t d_model) : d_model_(d_model) {}
+  TORCH_ARG(int64_t, d_model);
+  TORCH_ARG(double, eps) = 1e-5;
+  /// false: a gain only, no bias (nanoGPT's bias=False).
+  TORCH_ARG(bool, bias) = true;
+};
+
+/// LayerNorm over the last dimension (D) with a learned gain (ones at first) and,
+/// optionally, a learned bias (zeros): torch::nn::LayerNorm has both or neither.
+class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
+ public:
+  explicit LayerNormImpl(const LayerNormOptions& options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+  torch::Tensor forward(const torch::Tensor& x);  // (..., D) -> (..., D)
+
+  LayerNormOptions options;
+  torch::Tensor weight;  // (D)
+  torch::Tensor bias;    // (D), or undefined without a bias
+};
+TORCH_MODULE(LayerNorm);
 
 struct FeedForwardOptions {
   explicit FeedForwardOptions(int64_t d_model) : d_model_(d_model) {}
@@ -60,6 +83,8 @@ struct TransformerBlockOptions {
   /// Dropout on each residual branch (attention output and MLP output).
   TORCH_ARG(double, residual_dropout) = 0.0;
   TORCH_ARG(bool, bias) = true;
+  /// Biases in the two LayerNorms (false: gains only, as nanoGPT's bias=False).
+  TORCH_ARG(bool, layer_norm_bias) = true;
   /// true: x + attn(ln1(x)), x + mlp(ln2(x)).  false: ln1(x + attn(x)), ln2(x + mlp(x)).
   TORCH_ARG(bool, pre_ln) = true;
   TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
@@ -82,9 +107,9 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
 
   TransformerBlockOptions options;
-  torch::nn::LayerNorm ln1{nullptr};
+  LayerNorm ln1{nullptr};
   MultiHeadSelfAttention attn{nullptr};
-  torch::nn::LayerNorm ln2{nullptr};
+  LayerNorm ln2{nullptr};
   FeedForward mlp{nullptr};
 };
 TORCH_MODULE(TransformerBlock);

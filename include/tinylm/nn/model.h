@@ -222,7 +222,10 @@ struct TransformerLMOptions {
   /// Dropout after the embeddings and on every residual branch.
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(double, attn_dropout) = 0.0;
+  /// Biases in the Linear layers (attention and MLP).
   TORCH_ARG(bool, bias) = true;
+  /// Biases in the LayerNorms (false: gains only; nanoGPT's bias=False has neither kind).
+  TORCH_ARG(bool, layer_norm_bias) = true;
   TORCH_ARG(bool, pre_ln) = true;
   /// The MLP's GELU: tanh approximation (default) or exact (nanoGPT's; see Activation).
   TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
@@ -269,7 +272,7 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
   LearnedPositionalEmbedding learned_positions{nullptr};         // positions == learned
   SinusoidalPositionalEmbedding sinusoidal_positions{nullptr};   // positions == sinusoidal
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  LayerNorm ln_f{nullptr};
   torch::nn::Linear lm_head{nullptr};  // only when not tied
 
  protected:
