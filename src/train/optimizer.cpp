@@ -12,8 +12,13 @@
 
 namespace tinylm::train {
 
-std::set<std::string> decayed_parameters(const torch::nn::Module& model) {
+std::set<std::string> decayed_parameters(const torch::nn::Module& model, DecayedParameters which) {
   std::set<std::string> out;
+  if (which == DecayedParameters::matrices) {
+    for (const auto& p : model.named_parameters())
+      if (p.value().dim() >= 2) out.insert(p.key());
+    return out;
+  }
   if (dynamic_cast<const torch::nn::LinearImpl*>(&model)) out.insert("weight");
   for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
     if (m.value()->as<torch::nn::Linear>()) out.insert(m.key() + ".weight");
@@ -67,7 +72,7 @@ class TorchAdam final : public Optimizer {
       return;
     }
     std::vector<torch::Tensor> decay, no_decay;
-    const auto decayed = decayed_parameters(model);
+    const auto decayed = decayed_parameters(model, c.decayed);
     for (const auto& p : model.named_parameters())
       (decayed.count(p.key()) ? decay : no_decay).push_back(p.value());
     auto options = [&](double wd) {
@@ -231,7 +236,7 @@ class FlatAdam final : public Optimizer {
     exp_avg_sq_ = torch::zeros({n}, options.requires_grad(false));
     decay_ = torch::zeros({n}, options.requires_grad(false));
     torch::NoGradGuard no_grad;
-    const auto decayed = decayed_parameters(model);
+    const auto decayed = decayed_parameters(model, c.decayed);
     int64_t offset = 0;
     for (auto& p : named) {
       auto& param = p.value();

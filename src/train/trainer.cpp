@@ -82,6 +82,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o, nn::Languag
   a.eps = o.eps();
   a.weight_decay = o.weight_decay();
   a.decoupled = o.kind() == OptimizerKind::adamw;
+  a.decayed = o.decayed();
   return o.flat() ? make_flat_adam(model, a) : make_torch_adam(model, a);
 }
 
@@ -121,10 +122,14 @@ const OptionSpec<TrainerOptions>& TrainerOptions::spec() {
     s.group("optim");
     s.choice("optimizer", [](O& o) -> auto& { return o.optimizer().kind(); },
              {{"adam", OptimizerKind::adam}, {"adamw", OptimizerKind::adamw}},
-             "adam or adamw (adamw: no decay on biases, norms, embeddings)");
+             "adam or adamw (adamw: decay on what decay_params says, never biases or norms)");
     s.add("lr", [](O& o) -> auto& { return o.optimizer().lr(); }, "peak learning rate", positive());
     s.add("weight_decay", [](O& o) -> auto& { return o.optimizer().weight_decay(); }, "AdamW weight decay",
           non_negative());
+    s.choice("decay_params", [](O& o) -> auto& { return o.optimizer().decayed(); },
+             {{"linear", DecayedParameters::linear_weights}, {"matrices", DecayedParameters::matrices}},
+             "what AdamW decays: linear (Linear weights) or matrices (every 2-D parameter, embeddings too: "
+             "nanoGPT's)");
     s.add("beta1", [](O& o) -> auto& { return o.optimizer().beta1(); }, "Adam beta1", fraction());
     s.add("beta2", [](O& o) -> auto& { return o.optimizer().beta2(); }, "Adam beta2", fraction());
     s.add("eps", [](O& o) -> auto& { return o.optimizer().eps(); }, "Adam epsilon", positive());
@@ -276,9 +281,11 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
         {"grad-accum", text(options_.grad_accum())},
         {"epochs", text(options_.epochs())},
         {"steps-per-epoch", text(options_.steps_per_epoch())},
-        {"the optimizer", fmt::format("{} lr={} betas=({}, {}) eps={} weight_decay={} flat={}",
+        {"the optimizer", fmt::format("{} lr={} betas=({}, {}) eps={} weight_decay={} decay_params={} flat={}",
                                       opt.kind() == OptimizerKind::adam ? "adam" : "adamw", opt.lr(), opt.beta1(),
-                                      opt.beta2(), opt.eps(), opt.weight_decay(), opt.flat())},
+                                      opt.beta2(), opt.eps(), opt.weight_decay(),
+                                      opt.decayed() == DecayedParameters::matrices ? "matrices" : "linear",
+                                      opt.flat())},
         {"the schedule", fmt::format("{} warmup={} min_lr_ratio={}",
                                      schedule.kind() == LRSchedule::constant ? "constant" : "cosine",
                                      schedule.warmup_steps(), schedule.min_lr_ratio())},

@@ -138,10 +138,13 @@ TEST_CASE("flat Adam keeps parameters and gradients in one buffer each", "[train
 TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train][optim]") {
   // Two runs that differ only in weight decay: parameters outside the decay group end
   // bit-identical, decayed matrices do not.
-  auto run = [](double wd, const std::string& name) {
+  auto run = [](double wd, const std::string& name, const std::string& decay_params = "linear",
+                bool flat = true) {
     RunConfig c = optimizer_run(name);
     c.model = "transformer";
     c.set("optimizer", "adamw");
+    c.set("decay-params", decay_params);
+    c.trainer.optimizer().flat(flat);
     c.trainer.optimizer().weight_decay(wd);
     c.trainer.optimizer().lr(0.05);
     c.trainer.epochs(1);
@@ -160,6 +163,21 @@ TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train
     INFO(moved);
     CHECK_FALSE(torch::equal(decayed[moved], plain[moved]));
   }
+  // decay_params matrices (nanoGPT's rule), in both optimizers: the embedding tables are
+  // decayed too; norms and biases still are not.
+  for (bool flat : {true, false}) {
+    INFO("flat " << flat);
+    auto matrices = run(0.5, flat ? "adamw_matrices_flat" : "adamw_matrices", "matrices", flat);
+    auto base = flat ? plain : run(0.0, "adamw_plain_torch", "linear", false);
+    for (const char* moved : {"token_embedding.weight", "learned_positions.weight", "blocks.0.attn.qkv_proj.weight"}) {
+      INFO(moved);
+      CHECK_FALSE(torch::equal(matrices[moved], base[moved]));
+    }
+    for (const char* same : {"blocks.0.ln1.weight", "blocks.0.attn.qkv_proj.bias", "ln_f.bias"}) {
+      INFO(same);
+      CHECK(torch::equal(matrices[same], base[same]));
+    }
+  }
 }
 
 TEST_CASE("AdamW decays Linear weights only, by module kind", "[train][optim][library]") {
@@ -168,6 +186,14 @@ TEST_CASE("AdamW decays Linear weights only, by module kind", "[train][optim][li
   CHECK(decayed == std::set<std::string>{"blocks.0.attn.qkv_proj.weight", "blocks.0.attn.out_proj.weight",
                                          "blocks.0.mlp.fc.weight", "blocks.0.mlp.proj.weight",
                                          "lm_head.weight"});
+  // nanoGPT's rule: every parameter of two or more dimensions (embeddings too), by shape.
+  CHECK(decayed_parameters(*deep, DecayedParameters::matrices) ==
+        std::set<std::string>{"token_embedding.weight", "learned_positions.weight",
+                              "blocks.0.attn.qkv_proj.weight", "blocks.0.attn.out_proj.weight",
+                              "blocks.0.mlp.fc.weight", "blocks.0.mlp.proj.weight", "lm_head.weight"});
+  nn::TransformerLM tied(nn::TransformerLMOptions(20, 8, 16, 2, 1).bias(false).layer_norm_bias(false));
+  CHECK(decayed_parameters(*tied, DecayedParameters::matrices).count("token_embedding.weight") == 1);
+  CHECK(decayed_parameters(*tied, DecayedParameters::matrices).size() == 6);  // the head is the embedding
   BigramImpl user(5);
   CHECK(decayed_parameters(user) == std::set<std::string>{"table.weight"});
   torch::nn::Linear bare(3, 3);

@@ -17,20 +17,34 @@ namespace tinylm::train {
 /// Named tensors: what an optimizer saves, and the data part of a checkpoint.
 using TensorMap = std::map<std::string, torch::Tensor>;
 
+/// The parameters AdamW decays.
+enum class DecayedParameters {
+  /// The weights of torch::nn::Linear layers (tinylm's default): not biases, norms or
+  /// embedding tables (token or position).
+  linear_weights,
+  /// Every parameter of two or more dimensions: Linear weights and embedding tables,
+  /// not biases or norms (nanoGPT's configure_optimizers).
+  matrices,
+};
+
 struct AdamConfig {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  /// true: AdamW (decoupled decay, only on `decayed` parameters); false: Adam (no decay).
+  /// true: AdamW (decoupled decay, only on decayed_parameters(model, decayed)); false:
+  /// Adam (no decay).
   bool decoupled = false;
+  DecayedParameters decayed = DecayedParameters::linear_weights;
 };
 
-/// The parameters AdamW decays, by the kind of module that owns them: the weights of
-/// torch::nn::Linear layers. Biases, norms and embedding tables (token or position) are
-/// not decayed, in tinylm's models and in a user's alike.
-std::set<std::string> decayed_parameters(const torch::nn::Module& model);
+/// The names of the parameters AdamW decays, in tinylm's models and in a user's alike:
+/// by the kind of module that owns them (linear_weights: the weights of torch::nn::Linear
+/// layers) or by shape (matrices: every parameter with two or more dimensions). A weight
+/// shared by two modules (a tied head) is one parameter, under its first name.
+std::set<std::string> decayed_parameters(const torch::nn::Module& model,
+                                         DecayedParameters which = DecayedParameters::linear_weights);
 
 class Optimizer {
  public:

@@ -63,6 +63,8 @@ struct OptimizerOptions {
   TORCH_ARG(double, eps) = 1e-8;
   /// AdamW only.
   TORCH_ARG(double, weight_decay) = 0.0;
+  /// What AdamW decays (see DecayedParameters).
+  TORCH_ARG(DecayedParameters, decayed) = DecayedParameters::linear_weights;
   /// The update over one flat buffer (make_flat_adam) instead of LibTorch's optimizer.
   TORCH_ARG(bool, flat) = true;
 };
