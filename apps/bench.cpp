@@ -391,8 +391,9 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
 }
 
 /// nanoGPT's CPU recipe (its README's settings for a machine without a GPU): 4 layers, 4
-/// heads, width 128, block 64, batch 12, no biases, exact GELU, learned positions, tied
-/// head, AdamW (lr 1e-3, beta2 0.99, decay 0.1), clip 1.0, on byte-level text (the GPL,
+/// heads, width 128, block 64, batch 12, no biases (Linear or LayerNorm), exact GELU,
+/// learned positions, tied head, AdamW (lr 1e-3, beta2 0.99, decay 0.1 on every 2-D
+/// parameter), clip 1.0, on byte-level text (the GPL,
 /// as configs/text-small.toml). scripts/bench_pytorch.py runs the same in PyTorch.
 RunConfig nanogpt_config() {
   RunConfig c = transformer_config("text", 256, 128, 4, 4);
@@ -400,11 +401,13 @@ RunConfig nanogpt_config() {
   c.task_options.seq_len(64);
   c.trainer.batch_size(12);
   c.set("bias", false);
+  c.set("layer-norm-bias", false);
   c.set("activation", "gelu");
   c.set("positions", "learned");
   c.set("tie-weights", true);
   c.trainer.optimizer().lr(1e-3);
   c.trainer.optimizer().weight_decay(0.1);
+  c.set("decay-params", "matrices");
   c.set("beta2", 0.99);
   c.set("grad-clip", 1.0);
   c.trainer.out_dir(scratch_dir());
@@ -421,7 +424,7 @@ void bench_nanogpt(bool quick) {
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 10, quick ? 2 : 7, quick ? 2 : 20);
   Json config = describe(c);
-  config["recipe"] = "nanoGPT CPU (README): no bias, exact GELU, learned positions, tied head, AdamW, clip 1.0";
+  config["recipe"] = "nanoGPT CPU (README): no biases (Linear or LayerNorm), exact GELU, learned positions, tied head, AdamW decaying 2-D parameters, clip 1.0";
   print_line({{"case", "nanogpt"}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});

@@ -24,11 +24,9 @@ the first 50 steps each step's losses agree within 1e-4 nats (the arithmetic: fl
 rounding), and over all steps the means of every 20 steps agree within
 --curve-tolerance (0.01 nats). Past about 50 steps training amplifies rounding
 differences, so single steps drift apart by up to ~0.02 nats while the curves stay
-together (measured 2026-12-02, 300 steps: 2.6e-5 over the first 50, 0.0023 for the
-20-step means). For that run the
-PyTorch model takes tinylm's two departures from nanoGPT, so the check measures
-arithmetic, not them: LayerNorm biases (zero at first, trained; nanoGPT's bias=False has
-none) and weight decay on Linear weights only (nanoGPT decays embeddings too).
+together. Both sides are nanoGPT exactly: tinylm imports bias=False as a model without
+LayerNorm biases (layer_norm_bias false) and trains with --decay-params matrices (AdamW
+decays every 2-D parameter, embeddings too), as `tinylm bench --cases nanogpt` does.
 
   scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick] [--cases p1,p2,nanogpt]
                            [--curve 300]
@@ -114,21 +112,20 @@ class TransformerLM(nn.Module):  # P2: the medium model, tied head, learned posi
 
 
 class LayerNorm(nn.Module):
-    """nanoGPT's LayerNorm: the bias optional."""
+    """nanoGPT's LayerNorm with bias=False: a gain only."""
 
-    def __init__(self, d, bias):
+    def __init__(self, d):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, d, h, ctx, ln_bias):
+    def __init__(self, d, h, ctx):
         super().__init__()
-        self.ln_1, self.ln_2 = LayerNorm(d, ln_bias), LayerNorm(d, ln_bias)
+        self.ln_1, self.ln_2 = LayerNorm(d), LayerNorm(d)
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
         self.h = h
@@ -149,11 +146,11 @@ class GPT(nn.Module):
     """nanoGPT's GPT with bias=False: learned positions, pre-LN, exact GELU, tied head and
     its initialisation (normal 0.02, residual projections 0.02 / sqrt(2 n_layer))."""
 
-    def __init__(self, vocab=256, ctx=64, d=128, h=4, layers=4, ln_bias=False):
+    def __init__(self, vocab=256, ctx=64, d=128, h=4, layers=4):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.h = nn.ModuleList(GPTBlock(d, h, ctx, ln_bias) for _ in range(layers))
-        self.ln_f = LayerNorm(d, ln_bias)
+        self.h = nn.ModuleList(GPTBlock(d, h, ctx) for _ in range(layers))
+        self.ln_f = LayerNorm(d)
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * layers) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
@@ -177,14 +174,11 @@ class GPT(nn.Module):
         return {k: v.detach().clone() for k, v in out.items()}
 
 
-def gpt_optimizer(model, lr, decay_embeddings=True):
-    """nanoGPT's configure_optimizers: AdamW, decay 0.1 on every 2-D parameter (with
-    decay_embeddings=False: on Linear weights only, as tinylm)."""
-    def decayed(name, p):
-        return p.dim() >= 2 and (decay_embeddings or not name.startswith(("wte", "wpe")))
-    params = list(model.named_parameters())
-    groups = [{"params": [p for n, p in params if decayed(n, p)], "weight_decay": 0.1},
-              {"params": [p for n, p in params if not decayed(n, p)], "weight_decay": 0.0}]
+def gpt_optimizer(model, lr):
+    """nanoGPT's configure_optimizers: AdamW, decay 0.1 on every 2-D parameter."""
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99))
 
 
@@ -331,7 +325,7 @@ def curve(tinylm, steps, workdir):
     work = tempfile.mkdtemp(prefix="tinylm-curve-", dir=workdir)
     set_threads(1)
     torch.manual_seed(42)
-    model = GPT(ln_bias=True)  # tinylm's LayerNorms have biases (zero here), trained
+    model = GPT()
     init = os.path.join(work, "init.pt")
     torch.save({"model": model.nanogpt_state_dict(),
                 "model_args": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "bias": False,
@@ -341,7 +335,7 @@ def curve(tinylm, steps, workdir):
     for cmd in ([tinylm, "import", init, "--out", ckpt],
                 [tinylm, "train", "--resume", ckpt, "--task", "text", "--data", GPL, "--seq-len", "64",
                  "--batch-size", "12", "--optimizer", "adamw", "--lr", "1e-3", "--beta2", "0.99",
-                 "--weight-decay", "0.1", "--grad-clip", "1.0", "--lr-schedule", "cosine", "--warmup-steps", "100",
+                 "--weight-decay", "0.1", "--decay-params", "matrices", "--grad-clip", "1.0", "--lr-schedule", "cosine", "--warmup-steps", "100",
                  "--min-lr-ratio", "0.1", "--epochs", "1", "--steps-per-epoch", str(steps), "--log-every", "1",
                  "--eval-every", "0", "--seed", "42", "--threads", "1", "--out-dir", run]):
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -354,7 +348,7 @@ def curve(tinylm, steps, workdir):
             rec = json.loads(line)
             if rec.get("type") == "train":
                 theirs[rec["step"]] = rec["loss"]
-    opt = gpt_optimizer(model, 1e-3, decay_embeddings=False)
+    opt = gpt_optimizer(model, 1e-3)
     windows = TextWindows(GPL, 64, torch.Generator().manual_seed(43))  # tinylm's data generator: seed + 1
     ours = []
     for step in range(steps):
