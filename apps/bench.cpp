@@ -210,7 +210,7 @@ void bench_p1_kernels(bool quick) {
   std::vector<Setting> settings;
   for (auto b : {nn::GemmBackend::libxsmm, nn::GemmBackend::blas, nn::GemmBackend::hand})
     if (nn::gemm_backend_available(b)) settings.push_back({std::string("gemm_") + nn::to_string(b), b, nn::CpuIsa::automatic});
-  for (auto i : {nn::CpuIsa::generic, nn::CpuIsa::avx2})
+  for (auto i : {nn::CpuIsa::generic, nn::CpuIsa::avx2, nn::CpuIsa::avx512})
     if (nn::cpu_isa_available(i)) settings.push_back({std::string("loops_") + nn::to_string(i), nn::GemmBackend::automatic, i});
   const int rounds = quick ? 1 : 3;
   std::map<std::string, std::vector<double>> seconds;
@@ -319,7 +319,7 @@ void bench_gemm(bool quick) {
     if (nn::gemm_backend_available(nn::GemmBackend::libxsmm))
       candidates.push_back({"libxsmm", nn::GemmBackend::libxsmm, nn::CpuIsa::automatic});
     candidates.push_back({"blas", nn::GemmBackend::blas, nn::CpuIsa::automatic});
-    for (auto i : {nn::CpuIsa::avx2, nn::CpuIsa::generic})
+    for (auto i : {nn::CpuIsa::avx512, nn::CpuIsa::avx2, nn::CpuIsa::generic})
       if (small && nn::cpu_isa_available(i))
         candidates.push_back({std::string("hand_") + nn::to_string(i), nn::GemmBackend::hand, i});
     candidates.push_back({"libtorch", nn::GemmBackend::automatic, nn::CpuIsa::automatic});

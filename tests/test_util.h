@@ -118,11 +118,12 @@ class BigramImpl : public nn::LanguageModelImpl {
 
 // ---- CPU kernels -------------------------------------------------------------------------
 
-/// The instruction sets of tinylm's loops that run here (generic always; avx2 where the
-/// CPU and the build have it), each set for the life of a KernelGuard.
+/// The instruction sets of tinylm's loops that run here (generic always; avx2 and avx512
+/// where the CPU and the build have them), each set for the life of a KernelGuard.
 inline std::vector<nn::CpuIsa> runnable_isas() {
   std::vector<nn::CpuIsa> v = {nn::CpuIsa::generic};
-  if (nn::cpu_isa_available(nn::CpuIsa::avx2)) v.push_back(nn::CpuIsa::avx2);
+  for (auto isa : {nn::CpuIsa::avx2, nn::CpuIsa::avx512})
+    if (nn::cpu_isa_available(isa)) v.push_back(isa);
   return v;
 }
 

@@ -234,6 +234,7 @@ const char* to_string(CpuIsa isa) {
     case CpuIsa::automatic: return "automatic";
     case CpuIsa::generic: return "generic";
     case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
   }
   return "?";
 }
@@ -249,21 +250,36 @@ bool gemm_backend_available(GemmBackend backend) {
 }
 
 bool cpu_isa_available(CpuIsa isa) {
-  return isa != CpuIsa::avx2 || (cpu::avx2_table() != nullptr && cpu::cpu_has_avx2());
+  switch (isa) {
+    case CpuIsa::avx2: return cpu::avx2_table() != nullptr && cpu::cpu_has_avx2();
+    case CpuIsa::avx512: return cpu::avx512_table() != nullptr && cpu::cpu_has_avx512();
+    default: return true;
+  }
 }
 
+namespace {
+CpuIsa widest_isa() {
+  for (auto isa : {CpuIsa::avx512, CpuIsa::avx2})
+    if (cpu_isa_available(isa)) return isa;
+  return CpuIsa::generic;
+}
+}  // namespace
+
 void set_cpu_isa(CpuIsa isa) {
+  const bool built = isa == CpuIsa::avx512 ? cpu::avx512_table() != nullptr : cpu::avx2_table() != nullptr;
   TORCH_CHECK(cpu_isa_available(isa), "the ", to_string(isa), " kernels cannot run here (",
-              cpu::avx2_table() ? "this CPU lacks AVX2 or FMA" : "not built for this target",
+              !built                    ? "not built for this target"
+              : isa == CpuIsa::avx512 ? "this CPU or OS lacks AVX-512 F/DQ/VL/BW"
+                                        : "this CPU lacks AVX2 or FMA",
               "): use automatic or generic");
-  if (isa == CpuIsa::automatic) isa = cpu_isa_available(CpuIsa::avx2) ? CpuIsa::avx2 : CpuIsa::generic;
+  if (isa == CpuIsa::automatic) isa = widest_isa();
   g_isa = static_cast<int>(isa);
 }
 
 CpuIsa cpu_isa() {
   int isa = g_isa.load();
   if (isa < 0) {
-    isa = static_cast<int>(cpu_isa_available(CpuIsa::avx2) ? CpuIsa::avx2 : CpuIsa::generic);
+    isa = static_cast<int>(widest_isa());
     g_isa = isa;
   }
   return static_cast<CpuIsa>(isa);
@@ -286,7 +302,7 @@ GemmBackend KernelPolicy::gemm_backend(int64_t M, int64_t N, int64_t K) const {
     return libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
   }
   if (libxsmm_works()) return GemmBackend::libxsmm;
-  return cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas;
+  return cpu_isa() != CpuIsa::generic ? GemmBackend::hand : GemmBackend::blas;
 }
 
 bool KernelPolicy::linear_uses_gemm(int64_t M, int64_t N, int64_t K) const {
@@ -352,7 +368,7 @@ std::string cpu_kernels_description() {
   else
     s += "libxsmm built in but unable to generate code here, hand kernel";
 #else
-  s += cpu_isa() == CpuIsa::avx2 ? "hand kernel (tinylm built without libxsmm)" : "BLAS";
+  s += cpu_isa() != CpuIsa::generic ? "hand kernel (tinylm built without libxsmm)" : "BLAS";
 #endif
   s += " up to " + std::to_string(static_cast<int64_t>(KernelPolicy{}.small_gemm_flops / 1e6)) + " MFLOP, ";
   const std::string blas = loaded_sgemm() ? "BLAS sgemm" : "LibTorch's matmul (no sgemm_ symbol visible)";
@@ -365,7 +381,11 @@ std::string cpu_kernels_description() {
 
 namespace cpu {
 const KernelTable& table() {
-  return cpu_isa() == CpuIsa::avx2 ? *avx2_table() : generic_table();
+  switch (cpu_isa()) {
+    case CpuIsa::avx512: return *avx512_table();
+    case CpuIsa::avx2: return *avx2_table();
+    default: return generic_table();
+  }
 }
 }  // namespace cpu
 

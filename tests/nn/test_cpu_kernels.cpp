@@ -27,7 +27,8 @@ struct Product {
 
 std::vector<Product> runnable_products() {
   std::vector<Product> v = {{GemmBackend::blas, CpuIsa::automatic}, {GemmBackend::hand, CpuIsa::generic}};
-  if (cpu_isa_available(CpuIsa::avx2)) v.push_back({GemmBackend::hand, CpuIsa::avx2});
+  for (auto isa : {CpuIsa::avx2, CpuIsa::avx512})
+    if (cpu_isa_available(isa)) v.push_back({GemmBackend::hand, isa});
   if (gemm_backend_available(GemmBackend::libxsmm)) v.push_back({GemmBackend::libxsmm, CpuIsa::automatic});
   return v;
 }
@@ -35,6 +36,7 @@ std::vector<Product> runnable_products() {
 std::vector<const tinylm::nn::cpu::KernelTable*> runnable_tables() {
   std::vector<const tinylm::nn::cpu::KernelTable*> v = {&tinylm::nn::cpu::generic_table()};
   if (cpu_isa_available(CpuIsa::avx2)) v.push_back(tinylm::nn::cpu::avx2_table());
+  if (cpu_isa_available(CpuIsa::avx512)) v.push_back(tinylm::nn::cpu::avx512_table());
   return v;
 }
 
@@ -92,7 +94,7 @@ TEST_CASE("the automatic choice sends small products to a small-matrix kernel an
   if (gemm_backend_available(GemmBackend::libxsmm)) {
     CHECK(small == GemmBackend::libxsmm);
   } else {
-    CHECK(small == (cpu_isa() == CpuIsa::avx2 ? GemmBackend::hand : GemmBackend::blas));
+    CHECK(small == (cpu_isa() != CpuIsa::generic ? GemmBackend::hand : GemmBackend::blas));
   }
   // Large products: libxsmm's tiles where its code is wider than the BLAS's, else BLAS.
   const GemmBackend large = libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
@@ -148,8 +150,15 @@ TEST_CASE("kernel settings reject unknown names and what cannot run here", "[nn]
   CHECK(error_message([] { gemm_backend_from_string("mkl"); }).find("use automatic, libxsmm, blas or hand") !=
         std::string::npos);
   CHECK(gemm_backend_from_string("libxsmm") == GemmBackend::libxsmm);
-  if (!cpu_isa_available(CpuIsa::avx2))
-    CHECK(error_message([] { set_cpu_isa(CpuIsa::avx2); }).find("cannot run here") != std::string::npos);
+  for (auto isa : {CpuIsa::avx2, CpuIsa::avx512})
+    if (!cpu_isa_available(isa))
+      CHECK(error_message([isa] { set_cpu_isa(isa); }).find("cannot run here") != std::string::npos);
+  // automatic is the widest set that runs here.
+  set_cpu_isa(CpuIsa::automatic);
+  CHECK(cpu_isa() == (cpu_isa_available(CpuIsa::avx512) ? CpuIsa::avx512
+                      : cpu_isa_available(CpuIsa::avx2) ? CpuIsa::avx2
+                                                        : CpuIsa::generic));
+  CHECK(std::string(to_string(CpuIsa::avx512)) == "avx512");
   if (!gemm_backend_available(GemmBackend::libxsmm)) {
     std::vector<float> m(4);
     CHECK(error_message([&] {

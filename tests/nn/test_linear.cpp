@@ -45,7 +45,7 @@ TEST_CASE("linear through tinylm's products: LibTorch's output and gradients to 
                                      std::make_tuple(64, 256, 64), std::make_tuple(7, 1, 1));
   const bool bias = GENERATE(true, false);
   // The instruction set of tinylm's loops (the hand kernel's); libxsmm writes its own code.
-  const CpuIsa isa = GENERATE(CpuIsa::generic, CpuIsa::avx2);
+  const CpuIsa isa = GENERATE(CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512);
   if (!cpu_isa_available(isa)) return;
   struct Restore {
     ~Restore() { set_cpu_isa(CpuIsa::automatic); }

@@ -13,7 +13,7 @@ namespace tinylm::nn {
 /// Who computes a matrix product.
 enum class GemmBackend {
   /// By shape (KernelPolicy::gemm_backend): small products go to libxsmm where tinylm was
-  /// built with it, else to the hand kernel where the AVX2 loops run, else BLAS; larger
+  /// built with it, else to the hand kernel where the AVX2 or AVX-512 loops run, else BLAS; larger
   /// ones to BLAS (multi-threaded).
   automatic,
   /// libxsmm's JIT-generated kernels (Debian: libxsmm-dev), x86-64 only.
@@ -27,9 +27,10 @@ enum class GemmBackend {
 
 /// The instruction set of tinylm's own CPU loops (attention, softmax, the hand product).
 enum class CpuIsa {
-  automatic,  ///< avx2 where the CPU has AVX2 and FMA and it was built in, else generic
+  automatic,  ///< the widest set built in that the CPU runs: avx512, avx2, then generic
   generic,    ///< the target's baseline (SSE2 on x86-64, NEON on arm64)
-  avx2,       ///< AVX2 + FMA (x86-64)
+  avx2,       ///< AVX2 + FMA (x86-64), 8 floats per vector
+  avx512,     ///< AVX-512 F/DQ/VL/BW + FMA (x86-64), 16 floats per vector
 };
 
 const char* to_string(GemmBackend backend);
@@ -50,7 +51,7 @@ bool libxsmm_wider_than_blas();
 
 /// The instruction set tinylm's loops use from now on; throws if unavailable.
 void set_cpu_isa(CpuIsa isa);
-CpuIsa cpu_isa();  ///< the one in use: generic or avx2, never automatic
+CpuIsa cpu_isa();  ///< the one in use: generic, avx2 or avx512, never automatic
 
 /// C (M x N) = op(A) op(B), or C += op(A) op(B) with accumulate; float32, row-major, each
 /// matrix with its own row stride (lda, ldb, ldc). op(X) is X, or Xᵀ when trans_*: A is

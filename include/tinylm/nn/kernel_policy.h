@@ -80,7 +80,7 @@ struct KernelPolicy {
   /// The kernel that runs `call` when `requested` is asked for.
   AttentionKernel attention_kernel(AttentionKernel requested, const AttentionCall& call) const;
   /// The backend of a product of this shape: small ones to libxsmm where it works, else
-  /// the hand kernel where the AVX2 loops run, else BLAS; large ones as large_gemm says.
+  /// the hand kernel where the AVX2 or AVX-512 loops run, else BLAS; large ones as large_gemm says.
   GemmBackend gemm_backend(int64_t M, int64_t N, int64_t K) const;
   /// Whether a Linear layer's (M x K) by (N x K)ᵀ product runs tinylm's gemm (see
   /// linear_products).

@@ -1,9 +1,10 @@
 // Internal: tinylm's own CPU loops for the fused ops, compiled once per instruction set.
 //
-// kernels.inc holds them, written with GCC/Clang vector extensions (8 floats per vector),
-// and is compiled twice: kernels_avx2.cpp with -mavx2 -mfma (x86-64 only; CMake adds the
-// flags to that file alone) and kernels_generic.cpp with the target's baseline (SSE2 on
-// x86-64, NEON on arm64). table() hands out the AVX2 set where the CPU has AVX2 and FMA.
+// kernels.inc holds them, written with GCC/Clang vector extensions, and is compiled
+// three times: kernels_avx512.cpp (16 floats per vector) with -mavx512f/dq/vl/bw and
+// kernels_avx2.cpp (8) with -mavx2 -mfma (x86-64 only; CMake adds the flags to those files
+// alone), and kernels_generic.cpp (4) with the target's baseline (SSE2 on x86-64, NEON on
+// arm64). table() hands out the widest set the CPU runs.
 // Neither file includes LibTorch or any C++ template library: an inline function emitted
 // by both would be one symbol, and the linker could keep the AVX2 copy for everyone.
 //
@@ -22,16 +23,16 @@ struct AttentionDims {
   bool causal;
 };
 
-/// Floats of scratch attention_forward / attention_backward need: two (T, T8) tiles and
-/// one (Dh, T8), T8 = T rounded up to a multiple of 8.
+/// Floats of scratch attention_forward / attention_backward need: two (T, T16) tiles and
+/// one (Dh, T16), T16 = T rounded up to a multiple of 16 (the widest set's padding).
 inline int64_t attention_scratch_floats(const AttentionDims& s) {
-  const int64_t Tp = (s.T + 7) / 8 * 8;
+  const int64_t Tp = (s.T + 15) / 16 * 16;
   return s.Dh * Tp + 2 * s.T * Tp;
 }
 
 /// One instruction set's kernels.
 struct KernelTable {
-  const char* isa;  // "avx2" or "generic"
+  const char* isa;  // "avx512", "avx2" or "generic"
   /// C(M x N) = A B, or += with accumulate; A(i, k) = A[i * a_row + k * a_col] (a
   /// transposed A is a_row = 1), B (K x N) row-major with row stride ldb, C row stride ldc.
   void (*gemm)(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col,
@@ -63,11 +64,14 @@ struct KernelTable {
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n, bool exact);
 };
 
-/// The generic set (always there) and the AVX2 set (nullptr where not compiled in).
+/// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
 const KernelTable& generic_table();
 const KernelTable* avx2_table();
+const KernelTable* avx512_table();
 /// Whether this CPU runs AVX2 + FMA code.
 bool cpu_has_avx2();
+/// Whether this CPU and OS run AVX-512 F/DQ/VL/BW code (and AVX2 + FMA).
+bool cpu_has_avx512();
 /// The set in use (see tinylm::nn::set_cpu_isa).
 const KernelTable& table();
 
