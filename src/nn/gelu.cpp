@@ -34,6 +34,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    RECORD_USER_SCOPE("tinylm::gelu_backward");
     const auto x = ctx->get_saved_variables()[0];
     const bool exact = ctx->saved_data["exact"].toBool();
     auto dy = grads[0].contiguous();
