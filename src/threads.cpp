@@ -15,7 +15,7 @@ bool set_cpu_threads(int64_t n) {
   if (n <= 0) return false;
   internal::check_thread_count(n);
   at::set_num_threads(static_cast<int>(n));
-  return set_blas_threads(nn::libxsmm_wider_than_blas() ? 1 : n);
+  return set_blas_threads(nn::tiles_for_large_products() ? 1 : n);
 }
 
 bool set_blas_threads(int64_t n) {

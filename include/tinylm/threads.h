@@ -9,7 +9,7 @@ namespace tinylm {
 /// libblas.so.3 from libopenblas0-pthread), OpenBLAS's own thread count to n. LibTorch
 /// 1.13 does not pass its setting on to OpenBLAS, whose pool otherwise uses every core:
 /// on small matrices that costs more than it gains. One exception: where tinylm's large
-/// products run libxsmm's tiles on LibTorch's threads (nn::libxsmm_wider_than_blas()),
+/// products run libxsmm's tiles on LibTorch's threads (nn::tiles_for_large_products()),
 /// OpenBLAS keeps one thread, as its idle workers spin on the cores LibTorch's threads
 /// need (P2 at 2 threads: 5,645 tokens/s with both pools at 2, 8,721 with OpenBLAS at 1).
 /// n <= 0 leaves both as they are. Returns whether a BLAS thread setting was applied.

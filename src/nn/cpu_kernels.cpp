@@ -287,9 +287,11 @@ CpuIsa cpu_isa() {
 
 std::string blas_core_name() { return blas_core(); }
 
-bool libxsmm_wider_than_blas() {
+bool tiles_for_large_products() {
 #ifdef TINYLM_HAVE_LIBXSMM
-  return libxsmm_works() && libxsmm_avx512() && !blas_runs_avx512();
+  if (!libxsmm_works()) return false;
+  if (libxsmm_avx512()) return true;  // as wide as any BLAS's kernels
+  return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX2 && !blas_runs_avx512();
 #else
   return false;
 #endif
@@ -299,7 +301,7 @@ GemmBackend KernelPolicy::gemm_backend(int64_t M, int64_t N, int64_t K) const {
   if (gemm != GemmBackend::automatic) return gemm;
   if (2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops) {
     if (large_gemm != GemmBackend::automatic) return large_gemm;
-    return libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
+    return tiles_for_large_products() ? GemmBackend::libxsmm : GemmBackend::blas;
   }
   if (libxsmm_works()) return GemmBackend::libxsmm;
   return cpu_isa() != CpuIsa::generic ? GemmBackend::hand : GemmBackend::blas;
@@ -373,8 +375,12 @@ std::string cpu_kernels_description() {
   s += " up to " + std::to_string(static_cast<int64_t>(KernelPolicy{}.small_gemm_flops / 1e6)) + " MFLOP, ";
   const std::string blas = loaded_sgemm() ? "BLAS sgemm" : "LibTorch's matmul (no sgemm_ symbol visible)";
   const std::string core = blas_core().empty() ? "" : " (OpenBLAS " + blas_core() + ")";
-  s += libxsmm_wider_than_blas() ? "libxsmm AVX-512 tiles above, wider than the BLAS" + core
-                                 : blas + core + " above";
+  std::string large = blas + core;
+#ifdef TINYLM_HAVE_LIBXSMM
+  if (tiles_for_large_products())
+    large = std::string("libxsmm's tiles (") + libxsmm_get_target_arch() + " code, as wide as " + large + " or wider)";
+#endif
+  s += large + " above";
   s += std::string("; loops: ") + to_string(cpu_isa());
   return s;
 }

@@ -96,8 +96,12 @@ TEST_CASE("the automatic choice sends small products to a small-matrix kernel an
   } else {
     CHECK(small == (cpu_isa() != CpuIsa::generic ? GemmBackend::hand : GemmBackend::blas));
   }
-  // Large products: libxsmm's tiles where its code is wider than the BLAS's, else BLAS.
-  const GemmBackend large = libxsmm_wider_than_blas() ? GemmBackend::libxsmm : GemmBackend::blas;
+  // Large products: libxsmm's tiles where its code is as wide as the BLAS's, else BLAS.
+  const GemmBackend large = tiles_for_large_products() ? GemmBackend::libxsmm : GemmBackend::blas;
+  // libxsmm writes code for this CPU's widest vectors: wherever it works here with
+  // AVX2 or AVX-512 code, the tiles take the large products.
+  if (gemm_backend_available(GemmBackend::libxsmm) && cpu_isa_available(CpuIsa::avx2))
+    CHECK(tiles_for_large_products());
   CHECK(policy.gemm_backend(1024, 1024, 1024) == large);
   KernelPolicy blas_large;
   blas_large.large_gemm = GemmBackend::blas;
@@ -126,7 +130,7 @@ TEST_CASE("the automatic choice sends small products to a small-matrix kernel an
 
 TEST_CASE("libxsmm's tiles give the same bits on one thread and on two", "[nn][gemm]") {
   if (!gemm_backend_available(GemmBackend::libxsmm)) {  // then nothing may pick the tiles
-    CHECK_FALSE(libxsmm_wider_than_blas());
+    CHECK_FALSE(tiles_for_large_products());
     CHECK(KernelPolicy{}.gemm_backend(1024, 1024, 1024) == GemmBackend::blas);
     return;
   }

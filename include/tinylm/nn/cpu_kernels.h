@@ -45,9 +45,12 @@ bool cpu_isa_available(CpuIsa isa);
 /// The CPU core OpenBLAS picked its kernels for ("Haswell", "SkylakeX", ...; the
 /// OPENBLAS_CORETYPE variable can hold it below the CPU), "" where the BLAS is not OpenBLAS.
 std::string blas_core_name();
-/// Whether libxsmm writes AVX-512 code here while the BLAS runs narrower kernels: then
-/// products above the small size go to libxsmm's tiles (KernelPolicy::large_gemm).
-bool libxsmm_wider_than_blas();
+/// Whether products above the small size go to libxsmm's tiles (KernelPolicy::large_gemm
+/// automatic): where libxsmm works and writes code at least as wide as the BLAS's kernels
+/// (AVX-512, or AVX2 against an OpenBLAS core without AVX-512). The tiles are on par with
+/// OpenBLAS at equal width and run on LibTorch's threads, so the BLAS's own thread pool
+/// stays at one thread instead of spinning on the cores those threads need.
+bool tiles_for_large_products();
 
 /// The instruction set tinylm's loops use from now on; throws if unavailable.
 void set_cpu_isa(CpuIsa isa);

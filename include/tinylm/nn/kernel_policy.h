@@ -61,9 +61,10 @@ struct KernelPolicy {
   /// backend for all (comparisons, or stepping around a platform problem).
   GemmBackend gemm = GemmBackend::automatic;
   /// Who computes products above small_gemm_flops (when `gemm` is automatic): automatic
-  /// is libxsmm's AVX-512 kernels in tiles over the intra-op threads where the BLAS runs
-  /// narrower code (OpenBLAS held to AVX2, as OPENBLAS_CORETYPE=Haswell does: 1.8x on P2's
-  /// products, on par with OpenBLAS's own AVX-512 kernels), else BLAS.
+  /// is libxsmm's kernels in tiles over the intra-op threads where its code is as wide as
+  /// the BLAS's or wider (nn::tiles_for_large_products(): 1.8x on P2's products against
+  /// OpenBLAS held to AVX2 by OPENBLAS_CORETYPE=Haswell, on par at equal width, and one
+  /// thread pool instead of two at 2 threads), else BLAS.
   GemmBackend large_gemm = GemmBackend::automatic;
   /// Linear layers (the transformer's projections, MLP and head) compute their products
   /// with tinylm's gemm, the bias added in the product, wherever the input is float32 on
