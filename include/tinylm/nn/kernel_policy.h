@@ -42,11 +42,18 @@ struct AttentionCall {
   bool grad_enabled = false;      // autograd is on (the fused kernel's weights carry no gradient)
 };
 
+/// The default of KernelPolicy::sdpa_cpu_min_seq_len for the loops in use (cpu_isa()):
+/// never (INT64_MAX) where they run AVX-512, else 64.
+int64_t default_sdpa_cpu_min_seq_len();
+
 struct KernelPolicy {
-  /// SDPA on the CPU from this sequence length (where LibTorch has it). Measured with
-  /// LibTorch 2.6 (`tinylm bench --cases attention`, forward + backward, 1 thread): SDPA
-  /// beat the fused kernel 1.2x at T 64 and 128 and lost 1.8x at T 12.
-  int64_t sdpa_cpu_min_seq_len = 64;
+  /// SDPA on the CPU from this sequence length (where LibTorch has it), when automatic
+  /// would otherwise pick the fused kernel. Measured with LibTorch 2.6 (`tinylm bench
+  /// --cases attention`, forward + backward): with the AVX2 loops SDPA beat the fused
+  /// kernel 1.2x at T 64 and 128 and lost 1.8x at T 12 (2026-11); with the AVX-512 loops
+  /// the fused kernel wins at every length tried, T 12-256, 1.14-2.3x on one thread and
+  /// 1.3-2.3x on two (2026-12-02). Set when the policy is made, from the loops in use.
+  int64_t sdpa_cpu_min_seq_len = default_sdpa_cpu_min_seq_len();
   /// The fused attention's two T x T products through BLAS batched matmuls from this
   /// length; shorter ones are faster as plain loops (no copies, no per-call overhead,
   /// half the work under the causal mask). Measured (`tinylm bench --cases attention`,
