@@ -45,10 +45,6 @@ constexpr bool kHaveSdpa = false;
 
 bool sdpa_available() { return kHaveSdpa; }
 
-int64_t default_sdpa_cpu_min_seq_len() {
-  return cpu_isa() == CpuIsa::avx512 ? std::numeric_limits<int64_t>::max() : 64;
-}
-
 torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
                                   double dropout_p) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,

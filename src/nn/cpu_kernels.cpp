@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <limits>
 #include <cstring>
 #include <vector>
 
@@ -266,12 +267,9 @@ CpuIsa widest_isa() {
 }  // namespace
 
 void set_cpu_isa(CpuIsa isa) {
-  const bool built = isa == CpuIsa::avx512 ? cpu::avx512_table() != nullptr : cpu::avx2_table() != nullptr;
-  TORCH_CHECK(cpu_isa_available(isa), "the ", to_string(isa), " kernels cannot run here (",
-              !built                    ? "not built for this target"
-              : isa == CpuIsa::avx512 ? "this CPU or OS lacks AVX-512 F/DQ/VL/BW"
-                                        : "this CPU lacks AVX2 or FMA",
-              "): use automatic or generic");
+  TORCH_CHECK(cpu_isa_available(isa), "the ", to_string(isa),
+              " kernels cannot run here (not built for this target, or the CPU or OS lacks them): "
+              "use automatic or generic");
   if (isa == CpuIsa::automatic) isa = widest_isa();
   g_isa = static_cast<int>(isa);
 }
@@ -286,6 +284,10 @@ CpuIsa cpu_isa() {
 }
 
 std::string blas_core_name() { return blas_core(); }
+
+int64_t default_sdpa_cpu_min_seq_len() {
+  return cpu_isa() == CpuIsa::avx512 ? std::numeric_limits<int64_t>::max() : 64;
+}
 
 bool tiles_for_large_products() {
 #ifdef TINYLM_HAVE_LIBXSMM
