@@ -390,6 +390,48 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   std::filesystem::remove_all(c.trainer.out_dir());
 }
 
+/// Where a training step's time goes: each op family's share of the wall time of `steps`
+/// training steps (self time of the ops, see op_profile.h), printed as `<name>_ops_<family>`;
+/// "untimed" is the rest (the step's own code between ops).
+void bench_ops(const std::string& name, const RunConfig& c, bool quick) {
+  train::Trainer t = make_trainer(c);
+  for (int i = 0; i < 2; ++i) t.train_step();
+  const int64_t steps = quick ? 2 : 10;
+  std::map<std::string, double> seconds;
+  std::map<std::string, std::map<std::string, double>> by_op;
+  double wall = 0;
+  {
+    cli::OpProfile profile;
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) t.train_step();
+    wall = std::chrono::duration<double>(Clock::now() - start).count();
+    seconds = profile.seconds();
+    by_op = profile.seconds_by_op();
+  }
+  Json config = describe(c);
+  config["steps"] = steps;
+  config["kernels"] = nn::cpu_kernels_description();
+  double timed = 0;
+  for (const auto& [family, s] : seconds) {
+    timed += s;
+    Json cfg = config;
+    cfg["ms_per_step"] = rounded(1e3 * s / steps);
+    // The family's five largest ops, ms per step.
+    std::vector<std::pair<double, std::string>> ops;
+    for (const auto& [op, t] : by_op[family]) ops.push_back({t, op});
+    std::sort(ops.rbegin(), ops.rend());
+    Json top = Json::array();
+    for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
+      top.push_back({ops[i].second, rounded(1e3 * ops[i].first / steps)});
+    cfg["top_ops_ms"] = top;
+    emit_value(name + "_ops_" + family, "share", "fraction of the step", s / wall, cfg);
+  }
+  Json cfg = config;
+  cfg["ms_per_step"] = rounded(1e3 * std::max(0.0, wall - timed) / steps);
+  emit_value(name + "_ops_untimed", "share", "fraction of the step", std::max(0.0, wall - timed) / wall, cfg);
+  std::filesystem::remove_all(c.trainer.out_dir());
+}
+
 /// nanoGPT's CPU recipe (its README's settings for a machine without a GPU): 4 layers, 4
 /// heads, width 128, block 64, batch 12, no biases (Linear or LayerNorm), exact GELU,
 /// learned positions, tied head, AdamW (lr 1e-3, beta2 0.99, decay 0.1 on every 2-D
@@ -429,49 +471,7 @@ void bench_nanogpt(bool quick) {
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});
   std::filesystem::remove_all(c.trainer.out_dir());
-}
-
-/// Where a P2 step's time goes: each op family's share of the wall time of `steps`
-/// training steps (self time of the ops, see op_profile.h); "untimed" is the rest (the
-/// step's own code between ops).
-void bench_p2_ops(bool quick) {
-  RunConfig c = p2_config(quick);
-  train::Trainer t = make_trainer(c);
-  for (int i = 0; i < 2; ++i) t.train_step();
-  const int64_t steps = quick ? 2 : 10;
-  std::map<std::string, double> seconds;
-  std::map<std::string, std::map<std::string, double>> by_op;
-  double wall = 0;
-  {
-    cli::OpProfile profile;
-    const auto start = Clock::now();
-    for (int64_t i = 0; i < steps; ++i) t.train_step();
-    wall = std::chrono::duration<double>(Clock::now() - start).count();
-    seconds = profile.seconds();
-    by_op = profile.seconds_by_op();
-  }
-  Json config = describe(c);
-  config["steps"] = steps;
-  config["kernels"] = nn::cpu_kernels_description();
-  double timed = 0;
-  for (const auto& [family, s] : seconds) {
-    timed += s;
-    Json cfg = config;
-    cfg["ms_per_step"] = rounded(1e3 * s / steps);
-    // The family's five largest ops, ms per step.
-    std::vector<std::pair<double, std::string>> ops;
-    for (const auto& [name, t] : by_op[family]) ops.push_back({t, name});
-    std::sort(ops.rbegin(), ops.rend());
-    Json top = Json::array();
-    for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
-      top.push_back({ops[i].second, rounded(1e3 * ops[i].first / steps)});
-    cfg["top_ops_ms"] = top;
-    emit_value("p2_ops_" + family, "share", "fraction of the step", s / wall, cfg);
-  }
-  Json cfg = config;
-  cfg["ms_per_step"] = rounded(1e3 * std::max(0.0, wall - timed) / steps);
-  emit_value("p2_ops_untimed", "share", "fraction of the step", std::max(0.0, wall - timed) / wall, cfg);
-  std::filesystem::remove_all(c.trainer.out_dir());
+  bench_ops("nanogpt", nanogpt_config(), quick);
 }
 
 void bench_p3(bool quick) {
@@ -885,7 +885,7 @@ int run_bench(const BenchArgs& a) {
   }
   if (wants("p2")) {
     bench_p2(a.quick, peak, a.memory_steps);
-    bench_p2_ops(a.quick);
+    bench_ops("p2", p2_config(a.quick), a.quick);
   }
   if (wants("nanogpt")) bench_nanogpt(a.quick);
   if (wants("p3")) bench_p3(a.quick);
