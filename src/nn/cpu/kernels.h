@@ -57,9 +57,10 @@ struct KernelTable {
                                   int64_t ignore, float inv_count);
   /// y[i] = exp(x[i]) (in place allowed): the vectorised exp the kernels use.
   void (*exp)(const float* x, float* y, int64_t n);
-  /// y[i] = gelu(x[i]): x Φ(x) when exact (Φ to 2e-7 absolute where |x| <= 3.54, to
-  /// 1.2e-7 relative beyond), else the tanh approximation
-  /// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Each element's result depends on it alone.
+  /// y[i] = gelu(x[i]): x Φ(x) when exact, else the tanh approximation
+  /// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); the factor of x to 2e-7 absolute
+  /// where |x| <= 3.54 (exact: to 1.2e-7 relative beyond). Each element's result depends
+  /// on it alone.
   void (*gelu_forward)(const float* x, float* y, int64_t n, bool exact);
   /// dx[i] = dy[i] gelu'(x[i]) (dx may be dy).
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n, bool exact);
