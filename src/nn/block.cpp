@@ -3,6 +3,7 @@
 #include <tinylm/nn/block.h>
 #include <tinylm/log.h>
 #include "nn/gelu.h"
+#include "nn/layer_norm.h"
 #include "nn/linear.h"
 
 #include <torch/torch.h>
@@ -35,7 +36,12 @@ void LayerNormImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  return torch::layer_norm(x, {options.d_model()}, weight, bias, options.eps());
+  return layer_norm(x, weight, bias, options.eps(), options.kernel_policy());
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerNormImpl::forward_residual(const torch::Tensor& x,
+                                                                        const torch::Tensor& r) {
+  return add_layer_norm(x, r, weight, bias, options.eps(), options.kernel_policy());
 }
 
 // ---- FeedForward ---------------------------------------------------------------
@@ -87,7 +93,8 @@ void TransformerBlockImpl::reset() {
   TORCH_CHECK(options.residual_dropout() >= 0 && options.residual_dropout() < 1,
               "TransformerBlock: residual_dropout must be in [0, 1), got ",
               options.residual_dropout());
-  ln1 = register_module("ln1", LayerNorm(LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias())));
+  const auto norm = LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias()).kernel_policy(options.kernel_policy());
+  ln1 = register_module("ln1", LayerNorm(norm));
   attn = register_module(
       "attn", MultiHeadSelfAttention(
                   MultiHeadSelfAttentionOptions(D, options.n_heads(), options.context_length())
@@ -97,7 +104,7 @@ void TransformerBlockImpl::reset() {
                       .bias(options.bias())
                       .kernel(options.attention_kernel())
                       .policy(options.kernel_policy())));
-  ln2 = register_module("ln2", LayerNorm(LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias())));
+  ln2 = register_module("ln2", LayerNorm(norm));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
                                                .expansion(options.mlp_expansion())
                                                .dropout(options.residual_dropout())
@@ -116,9 +123,8 @@ AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool retur
                                               const torch::Tensor& padding_mask) {
   if (options.pre_ln()) {
     auto a = attn(ln1(x), return_weights, padding_mask);
-    auto h = x + a.output;    // x + attn(ln1(x))
-    h = h + mlp(ln2(h));      // x + mlp(ln2(x))
-    return {h, a.weights};
+    auto [h, normed] = ln2->forward_residual(x, a.output);  // h = x + attn(ln1(x)), ln2(h)
+    return {h + mlp(normed), a.weights};                     // h + mlp(ln2(h))
   }
   auto a = attn(x, return_weights, padding_mask);
   auto h = ln1(x + a.output);  // ln1(x + attn(x))
@@ -129,8 +135,8 @@ AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool retur
 torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
                                                   torch::Tensor& values) {
   if (options.pre_ln()) {
-    auto h = x + attn->forward_cached(ln1(x), keys, values);
-    return h + mlp(ln2(h));
+    auto [h, normed] = ln2->forward_residual(x, attn->forward_cached(ln1(x), keys, values));
+    return h + mlp(normed);
   }
   auto h = ln1(x + attn->forward_cached(x, keys, values));
   return ln2(h + mlp(h));

@@ -333,7 +333,10 @@ void TransformerLMImpl::set_kernel_policy(const KernelPolicy& policy) {
     b.options.kernel_policy(policy);
     b.attn->options.policy(policy);
     b.mlp->options.kernel_policy(policy);
+    b.ln1->options.kernel_policy(policy);
+    b.ln2->options.kernel_policy(policy);
   }
+  ln_f->options.kernel_policy(policy);
 }
 
 ModelArchitecture TransformerLMImpl::architecture() const { return architecture_of(options); }
@@ -368,7 +371,7 @@ void TransformerLMImpl::reset() {
                                            .attention_kernel(options.attention_kernel())
                                            .kernel_policy(options.kernel_policy())));
   }
-  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias())));
+  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias()).kernel_policy(options.kernel_policy())));
   if (!options.tie_weights()) {
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(D, V).bias(false)));

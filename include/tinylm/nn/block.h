@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <string>
+#include <utility>
 
 namespace tinylm::nn {
 
@@ -27,6 +28,8 @@ struct LayerNormOptions {
   TORCH_ARG(double, eps) = 1e-5;
   /// false: a gain only, no bias (nanoGPT's bias=False).
   TORCH_ARG(bool, bias) = true;
+  /// Whether tinylm's loops compute it (KernelPolicy::layer_norm_loops).
+  TORCH_ARG(KernelPolicy, kernel_policy);
 };
 
 /// LayerNorm over the last dimension (D) with a learned gain (ones at first) and,
@@ -38,6 +41,9 @@ class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
   torch::Tensor forward(const torch::Tensor& x);  // (..., D) -> (..., D)
+  /// {x + r, forward(x + r)}: a residual add and the LayerNorm after it, in one pass
+  /// where tinylm's loops run.
+  std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& x, const torch::Tensor& r);
 
   LayerNormOptions options;
   torch::Tensor weight;  // (D)

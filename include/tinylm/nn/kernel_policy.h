@@ -81,6 +81,10 @@ struct KernelPolicy {
   /// GELU (the transformer's MLP, exact or tanh) through tinylm's vectorised loops over
   /// the intra-op threads wherever its input is float32 on the CPU (else LibTorch's).
   bool gelu_loops = true;
+  /// LayerNorm through tinylm's vectorised loops over the intra-op threads wherever its
+  /// input is float32 on the CPU (else LibTorch's), with a pre-LN block's residual add
+  /// in the same pass.
+  bool layer_norm_loops = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
   /// attention would run the fused kernel.
   bool fuse_whole_model = true;

@@ -64,6 +64,18 @@ struct KernelTable {
   void (*gelu_forward)(const float* x, float* y, int64_t n, bool exact);
   /// dx[i] = dy[i] gelu'(x[i]) (dx may be dy).
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n, bool exact);
+  /// LayerNorm over `rows` rows of D: y = (x - mean) rstd gain (+ bias), with each row's
+  /// mean and rstd = 1 / sqrt(var + eps) written out. With `residual`, x + residual is
+  /// written to h and normalised instead. bias and residual may be null.
+  void (*layer_norm_forward)(const float* x, const float* residual, float* h, const float* gain,
+                             const float* bias, float* y, float* mean, float* rstd, int64_t rows,
+                             int64_t D, float eps);
+  /// Its backward for those rows (x: what was normalised): dx, plus `dresidual` where given
+  /// (a gradient that reaches x by another path); adds each row's dy x̂ into dgain (D) and
+  /// dy into dbias (D, may be null).
+  void (*layer_norm_backward)(const float* x, const float* dy, const float* gain, const float* mean,
+                              const float* rstd, const float* dresidual, float* dx, float* dgain,
+                              float* dbias, int64_t rows, int64_t D);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
