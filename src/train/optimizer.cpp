@@ -1,6 +1,8 @@
 // LibTorch Adam/AdamW behind tinylm's Optimizer interface, and the flat fused Adam.
 #include <tinylm/train/optimizer.h>
 
+#include "nn/cpu/kernels.h"
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -288,17 +290,14 @@ class FlatAdam final : public Optimizer {
       const float* d = decay_.data_ptr<float>();
       // The (1 - beta) factors are formed in double and rounded once, as LibTorch's Adam
       // does: 1.f - float(0.999) would be off by 1.3e-5 relative (7e-6 per update).
-      const float b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
-      const float one_minus_b1 = 1.0 - c_.beta1, one_minus_b2 = 1.0 - c_.beta2;
-      const float fs = step_size, fi = inv_sqrt_bc2, fd = decay;
+      // AdamW's decoupled decay goes to the decayed tensors only (d). On tinylm's loops:
+      // the widest vectors the CPU runs (this file is built for the baseline).
+      auto f = [](double x) { return static_cast<float>(x); };
+      const nn::cpu::AdamStep s{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
+                                f(c_.eps), f(step_size), f(inv_sqrt_bc2), f(decay)};
+      const auto& k = nn::cpu::table();
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) {
-          p[i] *= 1.f - fd * d[i];  // AdamW: decoupled decay, decayed tensors only
-          m[i] = b1 * m[i] + one_minus_b1 * g[i];
-          v[i] = b2 * v[i] + one_minus_b2 * g[i] * g[i];
-          p[i] -= fs * m[i] / (std::sqrt(v[i]) * fi + eps);
-        }
+        k.adam_step(p + begin, g + begin, m + begin, v + begin, d + begin, end - begin, s);
       });
       return;
     }

@@ -74,7 +74,9 @@ TEST_CASE("flat Adam's update matches LibTorch's to float rounding, also at beta
   // not drowned by the rounding of large weights.
   const double beta2 = GENERATE(0.999, 0.9999);
   const bool adamw = GENERATE(false, true);
-  INFO("beta2 " << beta2 << (adamw ? " AdamW" : " Adam"));
+  const auto isa = GENERATE(from_range(tinylm::test::runnable_isas()));  // the update's loops
+  tinylm::test::KernelGuard guard(isa);
+  INFO("beta2 " << beta2 << (adamw ? " AdamW" : " Adam") << " loops " << tinylm::nn::to_string(isa));
   torch::manual_seed(5);
   struct Holder : torch::nn::Module {
     torch::Tensor w;

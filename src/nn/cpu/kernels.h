@@ -30,6 +30,14 @@ inline int64_t attention_scratch_floats(const AttentionDims& s) {
   return s.Dh * Tp + 2 * s.T * Tp;
 }
 
+/// One Adam(W) update's constants, from the step count and the learning rate.
+struct AdamStep {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float decay;         // lr * weight_decay (AdamW), 0 for Adam
+};
+
 /// One instruction set's kernels.
 struct KernelTable {
   const char* isa;  // "avx512", "avx2" or "generic"
@@ -76,6 +84,10 @@ struct KernelTable {
   void (*layer_norm_backward)(const float* x, const float* dy, const float* gain, const float* mean,
                               const float* rstd, const float* dresidual, float* dx, float* dgain,
                               float* dbias, int64_t rows, int64_t D);
+  /// Adam(W) over n parameters held as flat arrays: p *= 1 - decay d[i] (d: 1 where
+  /// AdamW decays, 0 elsewhere); m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+  /// p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
+  void (*adam_step)(float* p, const float* g, float* m, float* v, const float* d, int64_t n, const AdamStep& s);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
