@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's two commands:
-#   scripts/quickstart.sh train [tinylm train flags]   set up, build, train the default run
-#   scripts/quickstart.sh test [ctest flags]           set up, build, run every test
+#   scripts/quickstart.sh train [tinylm train flags]   set up, build the tool, train the default run
+#   scripts/quickstart.sh test [ctest flags]           set up, build everything, run every test
+# `train` installs and builds only what training needs (no test tools, no test programs);
+# `test` adds the test tools (PyTorch for Python, Chromium, ...) and builds every target.
 # With TINYLM_JUNIT=FILE the test results are also written there (JUnit XML, for CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +14,13 @@ case "$what" in
   *) echo "usage: scripts/quickstart.sh train|test [args]" >&2; exit 2 ;;
 esac
 
-phase setup scripts/setup.sh
+if [ "$what" = train ]; then phase setup scripts/setup.sh; else phase setup scripts/setup.sh --test; fi
 configure() { cmake --preset release | sed -n 's/^-- tinylm: /tinylm: /p'; }  # shows the build's summary line
 phase configure configure
-phase build cmake --build --preset release
 
 if [ "$what" = train ]; then
+  phase build cmake --build --preset release --target tinylm_cli
   exec build/release/tinylm train "$@"
 fi
+phase build cmake --build --preset release
 phase test ctest --preset release ${TINYLM_JUNIT:+--output-junit "$TINYLM_JUNIT"} "$@"

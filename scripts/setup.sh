@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs what tinylm needs from Debian's archive (12 or 13), if it is missing. Idempotent.
 # Run as root (or with sudo available). Nothing is downloaded from anywhere else.
-#   scripts/setup.sh             what the build and the tests need (python3-torch included:
-#                                the tests compare tinylm with PyTorch; chromium,
-#                                chromium-driver and python3-selenium: tinylm serve's page
-#                                is tested in a headless browser; wrk: its benchmark;
-#                                python3-openai where packaged, Debian 13: OpenAI's client)
+#   scripts/setup.sh             what building and training need (LibTorch, its BLAS,
+#                                the compiler and the libraries tinylm links; Catch2's
+#                                headers too, since the build configures the tests)
+#   scripts/setup.sh --test      also what the tests need: python3-torch (the tests
+#                                compare tinylm with PyTorch), python3-matplotlib (the plot
+#                                script), chromium, chromium-driver and python3-selenium
+#                                (tinylm serve's page in a headless browser), wrk (its
+#                                benchmark), python3-openai where packaged (Debian 13:
+#                                OpenAI's client)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
 #   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
@@ -18,16 +22,18 @@
 set -euo pipefail
 
 cuda=0
+test=0
 extra=()
 for arg in "$@"; do
   case "$arg" in
+    --test) test=1 ;;
     --fortunes) extra+=(fortunes) ;;
     --ci) extra+=(ccache) ;;
     --fuzz)  # libFuzzer comes with clang's runtime: libfuzzer-14-dev on Debian 12, -19 on 13
       llvm=$(apt-cache policy clang 2> /dev/null | sed -n 's/.*Candidate: 1:\([0-9]*\).*/\1/p')
       extra+=(clang "libfuzzer-$llvm-dev") ;;
     --cuda) cuda=1 ;;
-    *) echo "setup: unknown option '$arg' (known: --fortunes, --cuda, --ci, --fuzz)" >&2; exit 2 ;;
+    *) echo "setup: unknown option '$arg' (known: --test, --fortunes, --cuda, --ci, --fuzz)" >&2; exit 2 ;;
   esac
 done
 
@@ -37,7 +43,8 @@ if dpkg-query -W -f='${Status}' libtorch-cuda-dev 2> /dev/null | grep -q "instal
 fi
 if [ "$cuda" = 1 ]; then
   # LibTorch, Gloo and PyTorch in their CUDA builds (each conflicts with its CPU twin).
-  packages=(libtorch-cuda-dev libgloo-cuda-dev python3-torch-cuda libnccl-dev nvidia-cuda-toolkit)
+  packages=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev nvidia-cuda-toolkit)
+  tests=(python3-torch-cuda)
   if ! apt-cache show libtorch-cuda-dev > /dev/null 2>&1; then
     echo "setup: libtorch-cuda-dev is not in this system's package lists: it is in Debian 13's" \
          "'contrib' component (and cuDNN in 'non-free'); add 'contrib non-free' to /etc/apt/sources.list" \
@@ -45,13 +52,16 @@ if [ "$cuda" = 1 ]; then
     exit 1
   fi
 else
-  packages=(libtorch-dev libgloo-dev python3-torch)
+  packages=(libtorch-dev libgloo-dev)
+  tests=(python3-torch)
 fi
 packages+=(cmake ninja-build g++ libopenblas0-pthread libcli11-dev libspdlog-dev catch2
-           libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libblas-dev
-           python3-matplotlib chromium chromium-driver python3-selenium wrk "${extra[@]}")
-# OpenAI's Python client, for tinylm serve's client test: packaged from Debian 13 on.
-if apt-cache show python3-openai > /dev/null 2>&1; then packages+=(python3-openai); fi
+           libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libblas-dev "${extra[@]}")
+if [ "$test" = 1 ]; then
+  packages+=("${tests[@]}" python3-matplotlib chromium chromium-driver python3-selenium wrk)
+  # OpenAI's Python client, for tinylm serve's client test: packaged from Debian 13 on.
+  if apt-cache show python3-openai > /dev/null 2>&1; then packages+=(python3-openai); fi
+fi
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.
 if [ "$(dpkg --print-architecture)" = "amd64" ]; then packages+=(libxsmm-dev); fi
