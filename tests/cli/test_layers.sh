@@ -3,7 +3,8 @@
 # threads, internal) never sees the run layer (tinylm/config.h, tinylm/run.h: RunConfig,
 # TOML settings, the flags' names) or the command line (CLI11), and the CMake target
 # `tinylm` compiles none of the run layer's sources (they are `tinylm_run`'s); a source
-# file over 400 lines says at its top why it is that long.
+# file over 400 lines says at its top why it is that long; no header holds a dated
+# measurement (figures live in docs/, so that a new one recompiles nothing).
 # usage: test_layers.sh SOURCE_DIR
 set -uo pipefail
 src="$1"
@@ -41,7 +42,17 @@ for f in $(find src apps include -name '*.cpp' -o -name '*.h' -o -name '*.inc' |
   head -12 "$f" | grep -q "Over 400 lines on purpose" ||
     fail "$f has $(wc -l < "$f") lines and no 'Over 400 lines on purpose: ...' at its top"
 done
+# Headers are included by many sources: a figure with a date in one is retyped, and
+# changing it recompiles them all.
+dated=0
+for f in $(find src include apps -name '*.h' -o -name '*.inc' | sort); do
+  if grep -nE '\b20[0-9]{2}-[01][0-9]\b' "$f"; then
+    fail "$f holds a dated figure (above): put it in docs/performance.md and say there what it measured"
+    dated=$((dated + 1))
+  fi
+done
 if [ "$failures" -eq 0 ]; then
+  echo "ok: no header or .inc file holds a dated figure"
   echo "ok: $long source file(s) over 400 lines, each saying why at its top"
   echo "ok: $n core files include neither tinylm/config.h, tinylm/run.h, tinylm/tinylm.h nor CLI11, and name no RunConfig; the tinylm target compiles no run-layer source"
 fi

@@ -48,30 +48,24 @@ int64_t default_sdpa_cpu_min_seq_len();
 
 struct KernelPolicy {
   /// SDPA on the CPU from this sequence length (where LibTorch has it), when automatic
-  /// would otherwise pick the fused kernel. Measured with LibTorch 2.6 (`tinylm bench
-  /// --cases attention`, forward + backward): with the AVX2 loops SDPA beat the fused
-  /// kernel 1.2x at T 64 and 128 and lost 1.8x at T 12 (2026-11); with the AVX-512 loops
-  /// the fused kernel wins at every length tried, T 12-256, 1.14-2.3x on one thread and
-  /// 1.3-2.3x on two (2026-12-02). Set when the policy is made, from the loops in use.
+  /// would otherwise pick the fused kernel. Set when the policy is made, from the loops
+  /// in use; the measurements behind the default (`tinylm bench --cases attention`) are
+  /// in docs/performance.md, not here, so that a new measurement recompiles nothing.
   int64_t sdpa_cpu_min_seq_len = default_sdpa_cpu_min_seq_len();
   /// The fused attention's two T x T products through BLAS batched matmuls from this
   /// length; shorter ones are faster as plain loops (no copies, no per-call overhead,
-  /// half the work under the causal mask). Measured (`tinylm bench --cases attention`,
-  /// forward + backward, once the loops ran on every thread): the loops won at every
-  /// length tried, 1.27x at T 128 and 1.37x at T 256 on one thread, 1.7-1.9x on two;
-  /// longer sequences were not measured.
+  /// half the work under the causal mask). The default is the shortest length at which
+  /// BLAS has not lost (docs/performance.md).
   int64_t attention_blas_min_seq_len = 512;
-  /// Products up to this many flops (2 M N K) count as small: all call overhead in BLAS
-  /// (15-30 us for 192x32 by 32x96, where libxsmm's JIT kernel takes ~5 us).
+  /// Products up to this many flops (2 M N K) count as small: nearly all call overhead
+  /// in BLAS, where libxsmm's JIT kernels take a fraction of the time.
   double small_gemm_flops = 8.0 * 1024 * 1024;
   /// Who computes the fused ops' products: automatic (by shape, gemm_backend()), or one
   /// backend for all (comparisons, or stepping around a platform problem).
   GemmBackend gemm = GemmBackend::automatic;
   /// Who computes products above small_gemm_flops (when `gemm` is automatic): automatic
   /// is libxsmm's kernels in tiles over the intra-op threads where its code is as wide as
-  /// the BLAS's or wider (nn::tiles_for_large_products(): 1.8x on P2's products against
-  /// OpenBLAS held to AVX2 by OPENBLAS_CORETYPE=Haswell, on par at equal width, and one
-  /// thread pool instead of two at 2 threads), else BLAS.
+  /// the BLAS's or wider (nn::tiles_for_large_products()), else BLAS.
   GemmBackend large_gemm = GemmBackend::automatic;
   /// Linear layers (the transformer's projections, MLP and head) compute their products
   /// with tinylm's gemm, the bias added in the product, wherever the input is float32 on
