@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The fuzz targets (fuzz/: checkpoint, torch_file, token_file, config, sentencepiece),
-# built with the `fuzz` preset (clang, libFuzzer, ASan + UBSan). Each target first runs
-# every file in fuzz/regressions/TARGET once (inputs that once crashed it: they must stay
-# fixed), then fuzzes for SECONDS from its seed corpus (fuzz/corpus/TARGET). A crash, a
+# The fuzz targets (fuzz/: checkpoint, torch_file, token_file, config, http_request,
+# sentencepiece), built in the sanitizer build (the `asan` preset: clang, ASan + UBSan,
+# libFuzzer's coverage in the library; the `fuzz` build preset builds only the targets;
+# where scripts/check-sanitizers.sh ran first there is nothing left to build). Each target
+# first runs every file in fuzz/regressions/TARGET once (inputs that once crashed it: they
+# must stay fixed), then fuzzes for SECONDS from its seed corpus (fuzz/corpus/TARGET), as
+# many targets at once as there are cores (each libFuzzer process runs on one). A crash, a
 # sanitizer report, a leak, a timeout or running out of memory fails, the input saved in
 # build/fuzz/findings/ (copy it to fuzz/regressions/TARGET/ once fixed). New inputs the
 # fuzzer finds go to build/fuzz/corpus/TARGET, never into the repository.
@@ -19,12 +22,12 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file token_file config http_request sentencepiece)
 
 phase setup scripts/setup.sh --fuzz
-configure() { cmake --preset fuzz | sed -n 's/^-- tinylm: /tinylm: /p'; }
+configure() { cmake --preset asan | sed -n 's/^-- tinylm: /tinylm: /p'; }
 phase configure configure
 phase build cmake --build --preset fuzz
 
 run_target() {
-  local name=$1 exe=build/fuzz/fuzz/fuzz_$1
+  local name=$1 exe=build/asan/fuzz/fuzz_$1
   [ -x "$exe" ] || { echo "fuzz: $exe was not built (SentencePiece missing?)" >&2; return 1; }
   local work=build/fuzz/corpus/$name findings=build/fuzz/findings
   mkdir -p "$work" "$findings"
@@ -49,6 +52,22 @@ run_target() {
   fi
   echo "fuzz: $name: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "build/fuzz/$name.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no finding"
 }
+# The targets side by side, one per core; each prints its lines when it ends.
+mkdir -p build/fuzz
+jobs=$(nproc)
+pids=() names=()
 failed=()
-for t in "${targets[@]}"; do phase "fuzz:$t" run_target "$t" || failed+=("$t"); done
+wait_one() {  # waits for the oldest running target
+  local rc=0
+  wait "${pids[0]}" || rc=$?
+  cat "build/fuzz/${names[0]}.out"
+  [ "$rc" = 0 ] || failed+=("${names[0]}")
+  pids=("${pids[@]:1}") names=("${names[@]:1}")
+}
+for t in "${targets[@]}"; do
+  [ ${#pids[@]} -lt "$jobs" ] || wait_one
+  phase "fuzz:$t" run_target "$t" > "build/fuzz/$t.out" 2>&1 &
+  pids+=($!) names+=("$t")
+done
+while [ ${#pids[@]} -gt 0 ]; do wait_one; done
 [ ${#failed[@]} -eq 0 ] || { echo "fuzz: findings in ${failed[*]}" >&2; exit 1; }

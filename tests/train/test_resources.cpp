@@ -33,10 +33,12 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   layers.model = "transformer";
   layers.set("n-layers", 1000000000);
   vocab.set("vocab-size", 1000000000000);
-  for (const auto& [key, config] : {Case{"batch-size 1000000000", batch}, Case{"seq-len 1000000000", seq},
-                                    Case{"context-length 1000000000", ctx},
-                                    Case{"n-layers 1000000000", layers},
-                                    Case{"vocab-size 1000000000000", vocab}}) {
+  // Not a structured binding: lambdas capture those from C++20 on (clang refuses before).
+  for (const Case& c : {Case{"batch-size 1000000000", batch}, Case{"seq-len 1000000000", seq},
+                        Case{"context-length 1000000000", ctx}, Case{"n-layers 1000000000", layers},
+                        Case{"vocab-size 1000000000000", vocab}}) {
+    const char* key = c.key;
+    const RunConfig& config = c.config;
     INFO(key);
     CHECK_THAT(error_message([&] { check_memory(config, config.trainer.batch_size(), true); }),
                Catch::StartsWith(key) && Catch::Contains("is available: lower"));
