@@ -23,13 +23,12 @@ def mmss(seconds):
 
 
 def phases(out, leg):
-    """A leg's phase times in seconds; every fuzz target in one column."""
+    """A leg's phase times in seconds (a phase run more than once: their sum)."""
     times = {}
     path = os.path.join(out, leg + ".times")
     if os.path.exists(path):
         for line in open(path):
             name, ms, _ = line.split()
-            name = "fuzz" if name.startswith("fuzz:") else name
             times[name] = times.get(name, 0) + int(ms) / 1000
     return times
 

@@ -54,20 +54,23 @@ run_target() {
 }
 # The targets side by side, one per core; each prints its lines when it ends.
 mkdir -p build/fuzz
-jobs=$(nproc)
-pids=() names=()
 failed=()
-wait_one() {  # waits for the oldest running target
-  local rc=0
-  wait "${pids[0]}" || rc=$?
-  cat "build/fuzz/${names[0]}.out"
-  [ "$rc" = 0 ] || failed+=("${names[0]}")
-  pids=("${pids[@]:1}") names=("${names[@]:1}")
+fuzz_all() {
+  local jobs pids=() names=()
+  jobs=$(nproc)
+  wait_one() {  # waits for the oldest running target
+    local rc=0
+    wait "${pids[0]}" || rc=$?
+    cat "build/fuzz/${names[0]}.out"
+    [ "$rc" = 0 ] || failed+=("${names[0]}")
+    pids=("${pids[@]:1}") names=("${names[@]:1}")
+  }
+  for t in "${targets[@]}"; do
+    [ ${#pids[@]} -lt "$jobs" ] || wait_one
+    run_target "$t" > "build/fuzz/$t.out" 2>&1 &
+    pids+=($!) names+=("$t")
+  done
+  while [ ${#pids[@]} -gt 0 ]; do wait_one; done
+  [ ${#failed[@]} -eq 0 ]
 }
-for t in "${targets[@]}"; do
-  [ ${#pids[@]} -lt "$jobs" ] || wait_one
-  phase "fuzz:$t" run_target "$t" > "build/fuzz/$t.out" 2>&1 &
-  pids+=($!) names+=("$t")
-done
-while [ ${#pids[@]} -gt 0 ]; do wait_one; done
-[ ${#failed[@]} -eq 0 ] || { echo "fuzz: findings in ${failed[*]}" >&2; exit 1; }
+phase fuzz fuzz_all || { echo "fuzz: findings in ${failed[*]}" >&2; exit 1; }

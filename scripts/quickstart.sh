@@ -20,7 +20,8 @@ phase configure configure
 
 if [ "$what" = train ]; then
   phase build cmake --build --preset release --target tinylm_cli
-  exec build/release/tinylm train "$@"
+  phase train build/release/tinylm train "$@"
+  exit
 fi
 phase build cmake --build --preset release
 phase test ctest --preset release ${TINYLM_JUNIT:+--output-junit "$TINYLM_JUNIT"} "$@"

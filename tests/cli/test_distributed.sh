@@ -20,6 +20,9 @@
 #  - ranks started with different models or settings (width, layers, seed, learning
 #    rate, batch size) all end with the same line naming the setting and both values,
 #    before the first step (nothing written).
+# In a sanitizer build (TINYLM_TEST_SANITIZED=1) the fault runs are shorter (80 steps an
+# epoch instead of 200, a checkpoint every 10 instead of 25): the same checks, at the
+# sizes ASan's 3-4x slower steps can afford.
 # usage: test_distributed.sh TINYLM TINYLM_TESTS WORK_DIR
 set -uo pipefail
 tinylm="$1"; tests="$2"; work="$3"
@@ -73,9 +76,12 @@ same_run "2 processes x accumulation 2 x 4 vs 1 x 16" accum1 accum2
 # ---- faults and resume ---------------------------------------------------------------
 # Dropout on: each rank draws its own masks, so the checkpoint must hold every rank's
 # generator for the resumed run to be identical.
+epoch=200 save=25                      # steps an epoch; a checkpoint every `save` steps
+[ -n "${TINYLM_TEST_SANITIZED:-}" ] && { epoch=80; save=10; }
+ckpt() { printf '%s/step-%08d.ckpt' "$1" "$2"; }  # ckpt RUN STEP
 dargs=(--model transformer --d-model 32 --n-heads 4 --n-layers 2 --dropout 0.1
        --optimizer adamw --weight-decay 0.1 --lr-schedule cosine --warmup-steps 20
-       --epochs 2 --steps-per-epoch 200 --save-every 25 --log-every 1 --eval-every 100
+       --epochs 2 --steps-per-epoch $epoch --save-every $save --log-every 1 --eval-every 100
        --eval-batches 2 --batch-size 8 --nproc 2 --dist-timeout 10)
 worker_pid() {  # worker_pid LAUNCHER_PID RANK
   local p
@@ -83,10 +89,10 @@ worker_pid() {  # worker_pid LAUNCHER_PID RANK
     tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
   done
 }
-start_and_hit() {  # start_and_hit OUT SIGNAL: start a run, send SIGNAL to rank 1 after step 100
+start_and_hit() {  # start_and_hit OUT SIGNAL: start a run, send SIGNAL to rank 1 half an epoch in
   "$tinylm" train "${dargs[@]}" --out-dir "$1" > "$1.log" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 1200); do [ -f "$1/step-00000100.ckpt" ] && break; sleep 0.05; done
+  for _ in $(seq 1 1200); do [ -f "$(ckpt "$1" $((epoch / 2)))" ] && break; sleep 0.05; done
   local w; w=$(worker_pid "$launcher" 1)
   [ -n "$w" ] || { fail "$1: no rank-1 worker found"; return 1; }
   # The workers met through a file (FileStore), not a TCP store: nothing answers on the
@@ -111,7 +117,7 @@ if start_and_hit dkill KILL; then
   grep -q "^error: worker rank 1 was killed by signal 9" dkill.log || fail "kill -9: the launcher did not name rank 1"
   grep -q "^error: rank 0 of 2: the .* failed .*the last good checkpoint is dkill/step-" dkill.log ||
     fail "kill -9: rank 0 did not stop with one line naming the last checkpoint"
-  [ -f dkill/step-00000400.ckpt ] && fail "kill -9: the run finished before it was killed"
+  [ -f "$(ckpt dkill $((2 * epoch)))" ] && fail "kill -9: the run finished before it was killed"
   echo "ok   kill -9 of rank 1: stopped in $took s, status $rc:"; grep '^error' dkill.log | sed 's/^/       /'
   for ck in dkill/step-*.ckpt; do
     "$tinylm" eval "$ck" --batches 1 > /dev/null 2>&1 || fail "checkpoint $ck does not load after kill -9"
@@ -119,21 +125,22 @@ if start_and_hit dkill KILL; then
   "$tinylm" train --resume dkill --nproc 2 --dist-timeout 10 > dresumed.log 2>&1 ||
     { tail -3 dresumed.log; fail "resume of the killed 2-process run failed"; }
   grep -q "resumed from" dresumed.log || fail "the resumed run did not say where it resumed from"
-  if TINYLM_COMPARE_A=dfull/step-00000400.ckpt TINYLM_COMPARE_B=dkill/step-00000400.ckpt \
+  if TINYLM_COMPARE_A="$(ckpt dfull $((2 * epoch)))" TINYLM_COMPARE_B="$(ckpt dkill $((2 * epoch)))" \
        TINYLM_COMPARE_TOLERANCE=0 "$tests" "[compare-checkpoints]" > dkill.compare 2>&1; then
     echo "ok   kill -9 + --resume: bit-identical to the uninterrupted 2-process run ($(grep -c '^  ' dkill.compare) tensors, optimizer and generators)"
   else
     fail "kill -9 + --resume: the checkpoints differ"; grep -E "largest|FAILED|with expansion" -A2 dkill.compare | head
   fi
   losses dfull/metrics.jsonl > dfull.txt; losses dkill/metrics.jsonl > dkill.txt
-  [ "$(wc -l < dfull.txt)" -eq 400 ] || fail "uninterrupted run logged $(wc -l < dfull.txt) steps, expected 400"
+  [ "$(wc -l < dfull.txt)" -eq $((2 * epoch)) ] ||
+    fail "uninterrupted run logged $(wc -l < dfull.txt) steps, expected $((2 * epoch))"
   diff -q dfull.txt dkill.txt > /dev/null || fail "kill -9 + --resume: the logged losses differ"
 fi
 # Another number of processes: the 2-process run goes on in 1 process, with a warning.
-if "$tinylm" train --resume dfull --epochs 3 > dshrink.log 2>&1 && [ -f dfull/step-00000600.ckpt ]; then
+if "$tinylm" train --resume dfull --epochs 3 > dshrink.log 2>&1 && [ -f "$(ckpt dfull $((3 * epoch)))" ]; then
   grep -q "was trained by 2 process(es), this run has 1: training goes on with a global batch of 8 rows" dshrink.log ||
     fail "resume in 1 process: no warning naming both world sizes"
-  echo "ok   a 2-process checkpoint resumed in 1 process: trained on to step 600"
+  echo "ok   a 2-process checkpoint resumed in 1 process: trained on to step $((3 * epoch))"
 else
   fail "resuming a 2-process checkpoint in 1 process failed"; tail -3 dshrink.log
 fi
