@@ -14,8 +14,8 @@
 #   sanitizers  scripts/check-sanitizers.sh: one clang build with ASan + UBSan (and
 #               libFuzzer's coverage): every unit test and every test that feeds tinylm
 #               outside data or crosses processes, every report fatal
-#   fuzz        scripts/fuzz.sh 30: the libFuzzer targets of that same build replay their
-#               regression files, then fuzz 30 s each, two at a time
+#   fuzz        scripts/fuzz.sh 20: the libFuzzer targets of that same build replay their
+#               regression files, then fuzz 20 s each, one per core at a time
 #   roots       the Debian 13 roots made or brought up to date in the background while
 #               debian12 runs (downloading and unpacking overlap the compiler)
 #
@@ -135,7 +135,7 @@ for leg in "${legs[@]}"; do
     debian13) run_leg debian13 scripts/check-debian13.sh ;;
     cuda) run_leg cuda scripts/check-debian13.sh --cuda ;;
     sanitizers) run_leg sanitizers scripts/check-sanitizers.sh ;;
-    fuzz) run_leg fuzz scripts/fuzz.sh 30 ;;
+    fuzz) run_leg fuzz scripts/fuzz.sh 20 ;;
   esac
 done
 all_legs=("${legs[@]}")

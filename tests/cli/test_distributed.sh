@@ -20,9 +20,8 @@
 #  - ranks started with different models or settings (width, layers, seed, learning
 #    rate, batch size) all end with the same line naming the setting and both values,
 #    before the first step (nothing written).
-# In a sanitizer build (TINYLM_TEST_SANITIZED=1) the fault runs are shorter (80 steps an
-# epoch instead of 200, a checkpoint every 10 instead of 25): the same checks, at the
-# sizes ASan's 3-4x slower steps can afford.
+# With TINYLM_TEST_SMALL=1 (a sanitizer build, CI's CUDA leg) the fault runs are shorter
+# (80 steps an epoch instead of 200, a checkpoint every 10 instead of 25): the same checks.
 # usage: test_distributed.sh TINYLM TINYLM_TESTS WORK_DIR
 set -uo pipefail
 tinylm="$1"; tests="$2"; work="$3"
@@ -77,7 +76,7 @@ same_run "2 processes x accumulation 2 x 4 vs 1 x 16" accum1 accum2
 # Dropout on: each rank draws its own masks, so the checkpoint must hold every rank's
 # generator for the resumed run to be identical.
 epoch=200 save=25                      # steps an epoch; a checkpoint every `save` steps
-[ -n "${TINYLM_TEST_SANITIZED:-}" ] && { epoch=80; save=10; }
+[ -n "${TINYLM_TEST_SMALL:-}" ] && { epoch=80; save=10; }
 ckpt() { printf '%s/step-%08d.ckpt' "$1" "$2"; }  # ckpt RUN STEP
 dargs=(--model transformer --d-model 32 --n-heads 4 --n-layers 2 --dropout 0.1
        --optimizer adamw --weight-decay 0.1 --lr-schedule cosine --warmup-steps 20

@@ -12,7 +12,9 @@
 # usage: test_nanogpt.sh TINYLM TINYLM_TESTS SOURCE_DIR WORK_DIR
 set -u
 tinylm=$1 tests=$2 src=$3 work=$4
-/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIPPED: python3-torch is not installed"; exit 77; }
+# (Found without importing it: each start of PyTorch costs a second or two.)
+/usr/bin/python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null ||
+  { echo "SKIPPED: python3-torch is not installed"; exit 77; }
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 "$tinylm" train --model transformer --activation gelu --n-layers 2 --d-model 32 --n-heads 4 \
   --task copy --epochs 1 --steps-per-epoch 40 --out-dir run > train.log 2>&1 || { tail -3 train.log; exit 1; }
@@ -20,7 +22,7 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 TINYLM_EXPORT_CKPT=run TINYLM_LOGITS_OUT=logits.pt "$tests" "[nanogpt-logits]" > logits.log 2>&1 ||
   { cat logits.log; exit 1; }
 py="$src/tests/python/nanogpt_parity.py"
-/usr/bin/python3 "$py" compare model.pt logits.pt || exit 1
+compare=(model.pt logits.pt)  # pairs GPT compares in one Python run, once all are written
 # The default MLP (tanh GELU) exports with a note.
 "$tinylm" train --model transformer --task copy --epochs 1 --steps-per-epoch 5 --out-dir tanh > /dev/null 2>&1 || exit 1
 "$tinylm" export tanh --out tanh.pt > tanh.log 2>&1 || { cat tanh.log; exit 1; }
@@ -28,10 +30,7 @@ grep -q "note: its MLP uses tanh-approximated GELU" tanh.log || { echo "FAIL: no
 echo "ok   the default (tanh GELU) model exports with a note"
 
 # ---- import ---------------------------------------------------------------------------
-/usr/bin/python3 "$py" make gpt.pt || exit 1
-/usr/bin/python3 "$py" make plain.pt --no-prefix || exit 1
-/usr/bin/python3 "$py" make nobias.pt --no-bias || exit 1
-/usr/bin/python3 "$py" make bare.pt --bare || exit 1
+/usr/bin/python3 "$py" make gpt.pt plain.pt:no-prefix nobias.pt:no-bias bare.pt:bare || exit 1
 # nanoGPT's train.py file as it is: an OrderedDict state dict (with torch.compile's
 # prefix, or without), optimizer state, model_args, config, best_val_loss as a tensor.
 "$tinylm" import gpt.pt --out imported.ckpt > import.log 2>&1 || { cat import.log; exit 1; }
@@ -42,16 +41,17 @@ for name in plain nobias; do
   "$tinylm" import $name.pt --out $name.ckpt > $name.log 2>&1 || { cat $name.log; exit 1; }
   TINYLM_EXPORT_CKPT=$name.ckpt TINYLM_LOGITS_OUT=$name-logits.pt "$tests" "[nanogpt-logits]" > $name-l.log 2>&1 ||
     { cat $name-l.log; exit 1; }
-  /usr/bin/python3 "$py" compare $name-model.pt $name-logits.pt || exit 1
+  compare+=($name-model.pt $name-logits.pt)
 done
 # A bias=False import goes back to nanoGPT's layout unchanged (no LayerNorm biases).
 "$tinylm" export nobias.ckpt --out nobias-export.pt > nobias-export.log 2>&1 || { cat nobias-export.log; exit 1; }
-/usr/bin/python3 "$py" compare nobias-export.pt nobias-logits.pt || exit 1
+compare+=(nobias-export.pt nobias-logits.pt)
 "$tinylm" import bare-ordered.pt --n-heads 4 --out ordered.ckpt > ordered.log 2>&1 || { cat ordered.log; exit 1; }
 echo "ok   a bare OrderedDict state dict imports"
 TINYLM_EXPORT_CKPT=imported.ckpt TINYLM_LOGITS_OUT=imported-logits.pt "$tests" "[nanogpt-logits]" > il.log 2>&1 ||
   { cat il.log; exit 1; }
-/usr/bin/python3 "$py" compare gpt-model.pt imported-logits.pt || exit 1
+compare+=(gpt-model.pt imported-logits.pt)
+/usr/bin/python3 "$py" compare "${compare[@]}" || exit 1
 "$tinylm" import bare.pt --out bare.ckpt --n-heads 4 > bare.log 2>&1 || { cat bare.log; exit 1; }
 TINYLM_EXPORT_CKPT=bare.ckpt TINYLM_LOGITS_OUT=bare-logits.pt "$tests" "[nanogpt-logits]" > bl.log 2>&1 || { cat bl.log; exit 1; }
 /usr/bin/python3 - <<'PY' || exit 1
@@ -107,9 +107,8 @@ torch.save({"model": shape, "model_args": ck["model_args"]}, "shape.pt")
 args = dict(ck["model_args"]); args["n_layer"] = 3
 torch.save({"model": sd, "model_args": args}, "args.pt")
 torch.save([1, 2, 3], "list.pt")
-PY
-/usr/bin/python3 - <<'PY'
-import io, os, torch, zipfile
+
+import io, os, zipfile
 # Files built to attack the reader, each from a real torch.save file.
 class Evil:
     def __reduce__(self):

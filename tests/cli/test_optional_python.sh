@@ -19,7 +19,8 @@ if [ "$what" = plot ]; then
   grep -q "cannot read nowhere.jsonl" err.txt || { echo "FAIL: unclear error: $(cat err.txt)"; exit 1; }
   echo "ok: loss.png and attention.png written; a missing metrics file is refused"
 else
-  /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "SKIPPED: python3-torch is not installed"; exit 77; }
+  /usr/bin/python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null ||
+    { echo "SKIPPED: python3-torch is not installed"; exit 77; }
   # --curve: nanoGPT's recipe from the same weights on the same batches in both; 20 steps
   # agree step by step to 1e-4 nats (the arithmetic's rounding; measured: about 1e-6).
   out=$("$src/scripts/bench_pytorch.py" --quick --rounds 1 --tinylm-threads 1 --tinylm "$tinylm" \

@@ -4,16 +4,17 @@
 The model below is written here in nanoGPT's structure and parameter names (model.py of
 karpathy/nanoGPT: pre-LN blocks, learned positions, exact GELU, tied head); only the
 causal mask is a non-persistent buffer, as it is when nanoGPT uses flash attention.
-usage:
-  nanogpt_parity.py compare CKPT.pt LOGITS.pt   load CKPT (a tinylm export, or a file
-      `make` wrote) into GPT with strict=True; compare its logits for LOGITS' ids
-      ({"ids", "logits"}, written by tinylm) within 1e-5
-  nanogpt_parity.py make OUT.pt [--bare] [--no-prefix] [--no-bias]
-      a GPT with random weights, after one AdamW step, saved as nanoGPT's train.py saves
-      it: {"model": state_dict() (an OrderedDict; keys with torch.compile's "_orig_mod."
-      prefix unless --no-prefix), "optimizer", "model_args", "iter_num", "best_val_loss",
-      "config"}, and the model alone (OUT-model.pt); or as a bare state dict (a dict, and
-      the OrderedDict state_dict() returns in OUT-ordered.pt). --no-bias: bias=False.
+usage (several pairs or files in one call: one start of Python and PyTorch for them all):
+  nanogpt_parity.py compare CKPT.pt LOGITS.pt [CKPT.pt LOGITS.pt ...]   load each CKPT (a
+      tinylm export, or a file `make` wrote) into GPT with strict=True; compare its logits
+      for LOGITS' ids ({"ids", "logits"}, written by tinylm) within 1e-5
+  nanogpt_parity.py make OUT.pt[:FLAG,...] [OUT.pt[:FLAG,...] ...]   FLAG: bare, no-prefix,
+      no-bias. Each a GPT with random weights, after one AdamW step, saved as nanoGPT's
+      train.py saves it: {"model": state_dict() (an OrderedDict; keys with torch.compile's
+      "_orig_mod." prefix unless no-prefix), "optimizer", "model_args", "iter_num",
+      "best_val_loss", "config"}, and the model alone (OUT-model.pt); or as a bare state
+      dict (a dict, and the OrderedDict state_dict() returns in OUT-ordered.pt). no-bias:
+      bias=False.
 """
 import math
 import sys
@@ -149,9 +150,20 @@ def make(out, bare, prefix=True, bias=True):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "compare":
-        ok = compare(sys.argv[2], sys.argv[3])
+    mode, args = sys.argv[1], sys.argv[2:]
+    ok = True
+    if mode == "compare":
+        if not args or len(args) % 2:
+            sys.exit("usage: nanogpt_parity.py compare CKPT.pt LOGITS.pt [CKPT.pt LOGITS.pt ...]")
+        for ckpt, logits in zip(args[0::2], args[1::2]):
+            ok = compare(ckpt, logits) and ok
+    elif mode == "make" and args:
+        for spec in args:
+            out, _, flags = spec.partition(":")
+            flags = set(flags.split(",")) - {""}
+            if flags - {"bare", "no-prefix", "no-bias"}:
+                sys.exit(f"unknown flag(s) {sorted(flags)} in {spec}: bare, no-prefix, no-bias")
+            ok = make(out, "bare" in flags, "no-prefix" not in flags, "no-bias" not in flags) and ok
     else:
-        flags = sys.argv[3:]
-        ok = make(sys.argv[2], "--bare" in flags, "--no-prefix" not in flags, "--no-bias" not in flags)
+        sys.exit("usage: nanogpt_parity.py compare|make ... (see the top of this file)")
     sys.exit(0 if ok else 1)
