@@ -1,0 +1,416 @@
+#!/usr/bin/python3
+"""The figures in the documentation, written from the output of the commands that measure
+them, never typed: each generated block in README.md and docs/*.md sits between
+
+    <!-- figures: NAME -->
+    ...
+    <!-- /figures -->
+
+and is rendered from files in docs/figures/ (each the saved output of one command, with the
+date, the machine and the command) or, for the test count, from the build's own ctest.
+
+  scripts/docs_figures.py write [--build-dir build/release]   rewrite every block
+  scripts/docs_figures.py check [--build-dir DIR]             exit 1 where a block differs
+                                                              from what it renders (a test)
+  scripts/docs_figures.py record NAME -- COMMAND [ARG...]     run COMMAND and save its JSON
+                                                              lines as docs/figures/NAME.jsonl
+  scripts/docs_figures.py record-ci [OUT_DIR]                 save CI's summary.json (build/ci)
+                                                              as docs/figures/ci-cold.json or
+                                                              ci-warm.json, by its caches
+  scripts/docs_figures.py record-quickstart train|test TIMES  save a fresh machine's
+                                                              quickstart phase times
+
+The blocks and what renders each: BLOCKS below. Only the standard library is used.
+"""
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURES = os.path.join(ROOT, "docs", "figures")
+DOCS = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                        if f.endswith(".md")]
+BLOCK = re.compile(r"(<!-- figures: ([a-z0-9-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
+
+
+class Missing(Exception):
+    """A figure's source file is missing or unreadable."""
+
+
+# ---- the sources ------------------------------------------------------------------------
+
+def machine():
+    """This machine, as the figures name it."""
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    osname = "unknown system"
+    try:
+        for line in open("/etc/os-release"):
+            if line.startswith("PRETTY_NAME="):
+                osname = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": osname}
+
+
+def load_json(name):
+    path = os.path.join(FIGURES, name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise Missing(f"docs/figures/{name}: {e}")
+
+
+def load_jsonl(name):
+    """(header, records) of a file `record` wrote."""
+    path = os.path.join(FIGURES, name + ".jsonl")
+    try:
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise Missing(f"docs/figures/{name}.jsonl: {e}")
+    if not lines or "figures" not in lines[0]:
+        raise Missing(f"docs/figures/{name}.jsonl: no header line (write it with `record`)")
+    return lines[0], lines[1:]
+
+
+def ctest_count(build_dir):
+    """How many tests the build registers (ctest -N)."""
+    try:
+        out = subprocess.run(["ctest", "--test-dir", build_dir, "-N"], capture_output=True, text=True,
+                             timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Missing(f"ctest -N in {build_dir}: {e}")
+    m = re.search(r"Total Tests: (\d+)", out)
+    if not m:
+        raise Missing(f"ctest -N in {build_dir} printed no test count (is it a configured build?)")
+    return int(m.group(1))
+
+
+# ---- rendering helpers ------------------------------------------------------------------
+
+def mmss(seconds):
+    s = round(seconds)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def grouped(x, digits=0):
+    return f"{x:,.{digits}f}"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def provenance(meta, command):
+    m = meta["machine"]
+    return (f"Measured {meta['date']} on {m['cpu']} ({m['cores']} cores), {m['os']}, "
+            f"by `{command}`")
+
+
+# ---- the blocks -------------------------------------------------------------------------
+
+def ci_block(which):
+    def render(ctx):
+        s = load_json(f"ci-{which}.json")
+        m = s["machine"]
+        legs = [l for l in s["legs"] if l["leg"] != "roots"] + [l for l in s["legs"] if l["leg"] == "roots"]
+        phases = ["root", "setup", "configure", "build", "test", "fuzz"]
+        rows = []
+        for leg in legs:
+            p = leg.get("phases", {})
+            t = leg.get("tests")
+            tests = (f"{t['passed']} passed, {t['skipped']} skipped" + (f", {t['failed']} failed" if t["failed"] else "")
+                     if t else "")
+            budget = mmss(leg["budget"])
+            if which == "cold" and leg["seconds"]:  # the headroom the budgets are set by
+                budget += f" ({100 * (leg['budget'] - leg['seconds']) / leg['seconds']:+.0f}%)"
+            rows.append([f"`{leg['leg']}`"] + [mmss(p[c]) if c in p else "" for c in phases] +
+                        [f"**{mmss(leg['seconds'])}**", budget, tests])
+        verdict = "passed" if all(l["status"] == "ok" for l in s["legs"]) else "failed"
+        limit = s["total_budget"] if which == "cold" else s["warm_target"]
+        text = (f"{'A fresh machine (no roots, no compiler caches, packages not installed)' if which == 'cold' else 'A machine with the caches of an earlier run'}, "
+                f"{s['date']}, commit `{s['commit']}`, {m['cpu']} ({m['cores']} cores, "
+                f"{m['memory_gib']} GiB), {m['os']}: **{mmss(s['total'])}** in all against "
+                f"{'a budget' if which == 'cold' else 'a target'} of {mmss(limit)}, {verdict}; "
+                f"{s['compilations']['compiled']} compilations, {s['compilations']['from_cache']} from the caches. "
+                "The roots are made in the background, beside `debian12`.\n\n")
+        text += table(["leg", "root", "setup", "configure", "build", "test", "fuzz", "time",
+                       "budget (headroom)" if which == "cold" else "budget", "tests"], rows)
+        text += f"\nThe ten slowest of its {s['test_runs']} test runs:\n\n"
+        text += table(["test", "leg", "seconds"],
+                      [[f"`{c['test']}`", c["leg"], f"{c['seconds']:.1f}"] for c in s["slowest"]])
+        return text
+    return render
+
+
+def quickstart_block(ctx):
+    rows = []
+    for what in ("train", "test"):
+        q = load_json(f"quickstart-{what}.json")
+        p = q["phases"]
+        rows.append([f"`scripts/quickstart.sh {what}`", q["date"], f"{q['machine']['cpu']}, {q['machine']['os']}"] +
+                    [mmss(p[c]) if c in p else "" for c in ("setup", "configure", "build", "train", "test")] +
+                    [f"**{mmss(q['total'])}**"])
+    return table(["command", "date", "machine", "setup", "configure", "build", "train", "test", "in all"], rows)
+
+
+def test_count_block(ctx):
+    n = ctest_count(ctx["build_dir"])
+    return f"`ctest -N` lists **{n} entries** in this build.\n"
+
+
+def number(x):
+    """A figure as the tables quote it: grouped thousands, three significant digits below."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    a = abs(x)
+    if a >= 1000:
+        return grouped(x)
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 1:
+        return f"{x:.3g}" if a < 10 else f"{x:.1f}" if a < 100 else f"{x:.0f}"
+    return f"{x:.3g}"
+
+
+def bench_block(file, families):
+    """Every record of a `tinylm bench` run whose case starts with one of `families`; where a
+    case and metric come more than once (one per shape, per backend), the settings of its
+    config that differ between them say which is which."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        chosen = [r for r in records if "metric" in r and
+                  any(r["case"] == f or r["case"].startswith(f + "_") for f in families)]
+        if not chosen:
+            raise Missing(f"docs/figures/{file}.jsonl has no record of {', '.join(families)}")
+        same = {}
+        for r in chosen:
+            same.setdefault((r["case"], r["metric"]), []).append(r.get("config") or {})
+        def which(r):
+            configs = same[(r["case"], r["metric"])]
+            if len(configs) < 2:
+                return ""
+            keys = [k for k, v in (r.get("config") or {}).items()  # not a measured figure (a float)
+                    if not isinstance(v, float) and len({json.dumps(c.get(k)) for c in configs}) > 1]
+            return ", ".join(f"{k} {r['config'][k]}" for k in keys)
+        rows = []
+        for r in chosen:
+            spread = f"{number(r['min'])}–{number(r['max'])}" if "min" in r and "max" in r else ""
+            rows.append([f"`{r['case']}`", which(r), r["metric"], f"**{number(r['value'])}**", r["unit"], spread,
+                         r.get("threads") if r.get("threads") is not None else ""])
+        return (provenance(meta, meta["command"]) + " (median of its repetitions; min–max):\n\n" +
+                table(["case", "of", "metric", "value", "unit", "min–max", "threads"], rows))
+    return render
+
+
+def pytorch_ratios(file):
+    """{case: (median ratio record, [round records])} of a bench_pytorch.py run."""
+    meta, records = load_jsonl(file)
+    out = {}
+    for r in records:
+        if r["case"].endswith("_ratio"):
+            case = r["case"][:-len("_ratio")]
+            entry = out.setdefault(case, [None, []])
+            if r["metric"] == "median_tinylm_over_pytorch":
+                entry[0] = r
+            else:
+                entry[1].append(r)
+    return meta, records, out
+
+
+CASE_NAMES = {"p1": "P1, the reference run: training steps/s",
+              "p2": "P2, 4 blocks, d 256, T 128: training tokens/s",
+              "nanogpt": "nanoGPT's CPU recipe: iterations/s"}
+
+
+def pytorch_block(file):
+    def render(ctx):
+        meta, records, ratios = pytorch_ratios(file)
+        rows = []
+        for case, (median, rounds) in ratios.items():
+            if median is None or not rounds:
+                continue
+            mid = lambda key: sorted(r[key] for r in rounds)[len(rounds) // 2]
+            threads = sorted({r["tinylm_threads"] for r in rounds})
+            pt = rounds[0]["pytorch_threads"]
+            rows.append([CASE_NAMES.get(case, case),
+                         f"{number(mid('tinylm'))} ({'/'.join(map(str, threads))} thread{'s' if threads != [1] else ''})",
+                         f"{number(mid('pytorch'))} (LibTorch {pt[0]}, BLAS {pt[1]} thread{'s' if pt[1] != 1 else ''})",
+                         f"**{median['value']:.2f}×** ({', '.join(f'{x:.2f}' for x in median['all'])})"])
+        if not rows:
+            raise Missing(f"docs/figures/{file}.jsonl has no ratio records")
+        text = (provenance(meta, meta["command"]) + "; each side at its best thread setting, rates the medians "
+                "of the rounds:\n\n" +
+                table(["case", "tinylm", "PyTorch eager (Python)", "tinylm / PyTorch, median (rounds)"], rows))
+        curve = {r["metric"]: r for r in records if r["case"] == "nanogpt_curve"}
+        if curve:
+            a = curve["largest_step_difference_first_steps"]
+            b = curve["largest_window_mean_difference"]
+            text += (f"\nnanoGPT's recipe trained {b['steps']} steps in both from the same weights on the same "
+                     f"batches: each step's losses within **{a['value']:.2g} nats** over the first {a['steps']} "
+                     f"steps (tolerance {a['tolerance']:g}), the means of every {b['window']} steps within "
+                     f"**{b['value']:.2g} nats** (tolerance {b['tolerance']:g}).\n")
+        return text
+    return render
+
+
+def readme_speed_block(ctx):
+    meta, _, ratios = pytorch_ratios("pytorch-debian12")
+    def r(case):
+        if case not in ratios or ratios[case][0] is None:
+            raise Missing(f"docs/figures/pytorch-debian12.jsonl has no {case} ratio")
+        return f"{ratios[case][0]['value']:.1f}×"
+    text = (f"- Speed: on a {meta['machine']['cores']}-core {meta['machine']['cpu']}, against the same loops in "
+            f"PyTorch from Python at its best thread setting, the reference run trains {r('p1')} faster, the "
+            f"4-block P2 model {r('p2')} and nanoGPT's CPU recipe {r('nanogpt')} (measured {meta['date']}; "
+            f"[docs/performance.md](docs/performance.md)).")
+    return "\n".join(textwrap.wrap(text, 90, subsequent_indent="  ", break_on_hyphens=False)) + "\n"
+
+
+BLOCKS = {
+    "ci-cold": ci_block("cold"),
+    "ci-warm": ci_block("warm"),
+    "quickstart": quickstart_block,
+    "test-count": test_count_block,
+    "readme-speed": readme_speed_block,
+    "pytorch-debian12": pytorch_block("pytorch-debian12"),
+    "pytorch-debian13": pytorch_block("pytorch-debian13"),
+    "bench-peak": bench_block("bench-debian12", ["peak"]),
+    "bench-p1": bench_block("bench-debian12", ["p1"]),
+    "bench-p2": bench_block("bench-debian12", ["p2"]),
+    "bench-p3": bench_block("bench-debian12", ["p3"]),
+    "bench-attention": bench_block("bench-debian12", ["attention"]),
+    "bench-debian13-attention": bench_block("bench-debian13-attention", ["attention"]),
+    "bench-gemm": bench_block("bench-debian12", ["gemm"]),
+    "bench-nanogpt": bench_block("bench-debian12", ["nanogpt"]),
+    "bench-data": bench_block("bench-debian12", ["prepare", "data"]),
+}
+
+
+# ---- write, check, record ---------------------------------------------------------------
+
+def render_doc(path, ctx):
+    """(old text, new text, problems) of one document."""
+    text = open(os.path.join(ROOT, path)).read()
+    problems = []
+
+    def one(m):
+        name = m.group(2)
+        if name not in BLOCKS:
+            problems.append(f"{path}: unknown figures block '{name}' (known: {', '.join(sorted(BLOCKS))})")
+            return m.group(0)
+        try:
+            body = BLOCKS[name](ctx)
+        except Missing as e:
+            problems.append(f"{path}: block '{name}': {e}")
+            return m.group(0)
+        return m.group(1) + body + m.group(4)
+
+    return text, BLOCK.sub(one, text), problems
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0] not in ("write", "check", "record", "record-ci", "record-quickstart"):
+        sys.exit("usage: scripts/docs_figures.py write|check|record|record-ci|record-quickstart ..."
+                 " (see the top of the script)")
+    cmd = args.pop(0)
+    if cmd in ("write", "check"):
+        build_dir = os.path.join(ROOT, "build", "release")
+        if args[:1] == ["--build-dir"] and len(args) == 2:
+            build_dir = args[1]
+        elif args:
+            sys.exit(f"docs_figures: {cmd}: unexpected arguments {args} (only --build-dir DIR)")
+        ctx = {"build_dir": build_dir}
+        failed = False
+        for path in DOCS:
+            old, new, problems = render_doc(path, ctx)
+            for p in problems:
+                print(f"docs_figures: {p}", file=sys.stderr)
+                failed = True
+            if new != old:
+                if cmd == "write":
+                    tmp = os.path.join(ROOT, path + ".tmp")
+                    with open(tmp, "w") as f:
+                        f.write(new)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, os.path.join(ROOT, path))
+                    print(f"docs_figures: wrote {path}")
+                else:
+                    print(f"docs_figures: {path}: its figures differ from what the commands printed: "
+                          "run scripts/docs_figures.py write (and commit)", file=sys.stderr)
+                    import difflib
+                    sys.stderr.writelines(list(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                                    path, path + " (rendered)"))[:60])
+                    failed = True
+        n = sum(len(BLOCK.findall(open(os.path.join(ROOT, p)).read())) for p in DOCS)
+        if not failed:
+            print(f"docs_figures: {n} generated blocks " + ("written" if cmd == "write" else "agree with their sources"))
+        sys.exit(1 if failed else 0)
+    os.makedirs(FIGURES, exist_ok=True)
+    today = datetime.date.today().isoformat()
+    if cmd == "record":
+        if len(args) < 3 or args[1] != "--" or not re.fullmatch(r"[a-z0-9-]+", args[0]):
+            sys.exit("usage: scripts/docs_figures.py record NAME -- COMMAND [ARG...]  (NAME: a-z, 0-9, -)")
+        name, command = args[0], args[2:]
+        proc = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"docs_figures: {shlex.join(command)} failed (status {proc.returncode}); nothing saved")
+        records = []
+        for line in proc.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                records.append(json.loads(line))
+        if not records:
+            sys.exit(f"docs_figures: {shlex.join(command)} printed no JSON line; nothing saved")
+        header = {"figures": name, "date": today, "machine": machine(), "command": shlex.join(command)}
+        write_atomic(os.path.join(FIGURES, name + ".jsonl"),
+                     "".join(json.dumps(r) + "\n" for r in [header] + records))
+        print(f"docs_figures: {len(records)} records saved in docs/figures/{name}.jsonl")
+    elif cmd == "record-ci":
+        out = args[0] if args else os.path.join(ROOT, "build", "ci")
+        s = json.load(open(os.path.join(out, "summary.json")))
+        name = f"ci-{s['caches']}.json"
+        write_atomic(os.path.join(FIGURES, name), json.dumps(s, indent=1) + "\n")
+        print(f"docs_figures: CI's summary saved as docs/figures/{name}")
+    else:
+        if len(args) != 2 or args[0] not in ("train", "test"):
+            sys.exit("usage: scripts/docs_figures.py record-quickstart train|test TIMES_FILE")
+        phases = {}
+        for line in open(args[1]):
+            name, ms, status = line.split()
+            if status != "0":
+                sys.exit(f"docs_figures: {args[1]}: phase {name} failed (status {status}); nothing saved")
+            phases[name] = round(phases.get(name, 0) + int(ms) / 1000, 1)
+        q = {"date": today, "machine": machine(), "phases": phases, "total": round(sum(phases.values()), 1)}
+        write_atomic(os.path.join(FIGURES, f"quickstart-{args[0]}.json"), json.dumps(q, indent=1) + "\n")
+        print(f"docs_figures: saved docs/figures/quickstart-{args[0]}.json")
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
