@@ -34,7 +34,7 @@ cd "$repo"
 # Budgets in seconds: each leg's time on a fresh machine (no roots, no caches, packages
 # not installed) plus at least 25%; docs/figures/ci-cold.json holds the last such run.
 # The hard limit is CI's 90 min.
-declare -A budget=([roots]=540 [debian12]=1020 [debian13]=660 [cuda]=240 [sanitizers]=840 [fuzz]=180)
+declare -A budget=([roots]=840 [debian12]=1020 [debian13]=660 [cuda]=240 [sanitizers]=840 [fuzz]=180)
 total_budget=3000   # 50 min
 warm_target=900     # 15 min, every cache found and one source changed
 legs=("$@")
