@@ -154,6 +154,34 @@ TEST_CASE("text outside ASCII is read in strings and comments only, before toml+
   CHECK(c.task_options.data() == "données");
 }
 
+TEST_CASE("a config file saved with a UTF-8 byte-order mark reads as without it", "[config]") {
+  // Notepad and PowerShell's `Out-File -Encoding utf8` start UTF-8 files with EF BB BF.
+  const std::string bom = "\xEF\xBB\xBF";
+  const auto dir = std::filesystem::temp_directory_path() / "tinylm-test-config-bom";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const std::string eol : {"\n", "\r\n"}) {
+    const auto path = (dir / (eol == "\n" ? "lf.toml" : "crlf.toml")).string();
+    std::ofstream(path, std::ios::binary) << bom << "# saved by an editor" << eol << "seed = 7" << eol
+                                          << "out-dir = \"runs/bom\"" << eol;
+    RunConfig c;
+    apply_toml_file(c, path);
+    CHECK(c.trainer.seed() == 7);
+    CHECK(c.trainer.out_dir() == "runs/bom");
+  }
+  // The first key right after the mark is a key like any other.
+  RunConfig k;
+  apply_toml(k, bom + "seed = 9\n", "k.toml");
+  CHECK(k.trainer.seed() == 9);
+  // Anywhere but the start it is refused, with its line; two marks are one too many.
+  RunConfig c;
+  CHECK_THAT(error_message([&] { apply_toml(c, "seed = 7\n" + bom + "lr = 0.1\n", "mid.toml"); }),
+             Catch::Contains("mid.toml:2: a character outside ASCII stands outside a string or a comment"));
+  CHECK_THAT(error_message([&] { apply_toml(c, bom + bom + "seed = 7\n", "twice.toml"); }),
+             Catch::Contains("twice.toml:1: a character outside ASCII"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("to_toml writes the largest doubles, which read back exactly", "[config]") {
   // Found by the config fuzz target: the shortest form of 1.797e308 rounds past DBL_MAX
   // at low precision, and std::stod threw std::out_of_range out of to_toml.

@@ -97,7 +97,13 @@ int64_t non_ascii_outside_strings(const std::string& text) {
 
 }  // namespace
 
-std::vector<TomlEntry> parse_flat_toml(const std::string& text, const std::string& origin) {
+std::vector<TomlEntry> parse_flat_toml(const std::string& file_text, const std::string& origin) {
+  // A UTF-8 byte-order mark at the very start (Notepad and PowerShell's UTF-8 write one)
+  // says only that the file is UTF-8: skipped. Anywhere else it is a character outside
+  // ASCII like any other, refused below with its line.
+  static const std::string bom = "\xEF\xBB\xBF";
+  const bool has_bom = file_text.compare(0, bom.size(), bom) == 0;
+  const std::string text = has_bom ? file_text.substr(bom.size()) : file_text;
   const int64_t stray = non_ascii_outside_strings(text);
   TORCH_CHECK(stray == 0, origin, ":", stray, ": a character outside ASCII stands outside a string or a comment "
               "(TOML keys are ASCII; put text in quotes)");

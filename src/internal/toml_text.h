@@ -18,7 +18,8 @@ struct TomlEntry {
   std::variant<std::monostate, bool, int64_t, double, std::string> value;  // monostate: anything else
 };
 
-/// The top-level keys of TOML text, in order. Refuses first, naming the line, what
+/// The top-level keys of TOML text, in order; a UTF-8 byte-order mark at its start is
+/// skipped (elsewhere it is refused as below). Refuses first, naming the line, what
 /// toml++ 3.3 (Debian 12) cannot be handed (a character outside ASCII outside a string or
 /// a comment reaches its undefined behaviour); a syntax error is one line:
 /// "ORIGIN:LINE: not valid TOML: ...".
