@@ -386,6 +386,9 @@ def main():
     elif cmd == "record-ci":
         out = args[0] if args else os.path.join(ROOT, "build", "ci")
         s = json.load(open(os.path.join(out, "summary.json")))
+        if s["caches"] not in ("cold", "warm"):
+            sys.exit(f"docs_figures: that run's caches were {s['caches']} ({s.get('caches_note', '')}): "
+                     "neither a fresh machine's run nor a warm one; nothing saved")
         name = f"ci-{s['caches']}.json"
         write_atomic(os.path.join(FIGURES, name), json.dumps(s, indent=1) + "\n")
         print(f"docs_figures: CI's summary saved as docs/figures/{name}")
