@@ -62,10 +62,10 @@ store_of() {  # the ccache store a leg compiles into
 # small enough for the warm target to apply ("a change to one source file").
 warm=1 why=""
 for d in "$cache/debian13/.tinylm-root-ready" "$cache/debian13-cuda/.tinylm-root-ready"; do
-  [ -f "$d" ] || { warm=0; why="no Debian 13 roots"; }
+  [ -f "$d" ] || { warm=0; why=${why:-"no Debian 13 roots"}; }
 done
 for s in debian12 debian13 clang; do
-  [ -n "$(ls -A "$(ccache_dir $s)" 2> /dev/null)" ] || { warm=0; why="no $s compiler cache"; }
+  [ -n "$(ls -A "$(ccache_dir $s)" 2> /dev/null)" ] || { warm=0; why=${why:-"no $s compiler cache"}; }
 done
 caches=$([ "$warm" = 1 ] && echo warm || echo cold)
 filled_by=$(cat "$cache/ci-caches-commit" 2> /dev/null)

@@ -39,7 +39,11 @@ void needs_data(const std::string& kind, const TaskOptions& o, const char* what)
 std::vector<TaskKind> builtin_task_kinds() {
   std::vector<TaskKind> out;
   out.push_back({"repeat", "one random id repeated (the reference task)", {"seq_len", "vocab_size"},
-                 [](const TaskOptions&, Spelling) {},
+                 [](const TaskOptions& o, Spelling s) {
+                   // One symbol is always right: loss 0, "solved", nothing learned.
+                   TORCH_CHECK(o.vocab_size() >= 2, spell("vocab_size", s), " ", o.vocab_size(),
+                               " leaves the repeat task nothing to learn: it needs at least 2 symbols");
+                 },
                  [](const TaskOptions& o) -> std::unique_ptr<Task> {
                    return std::make_unique<RepeatTask>(o.seq_len(), o.vocab_size());
                  }});

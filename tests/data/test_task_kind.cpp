@@ -70,6 +70,8 @@ TEST_CASE("each rule is stated once: the options' spec, then the kind's", "[data
              Catch::Contains("task text is byte-level: vocab_size must be 256, got 64"));
   CHECK_THAT(error_message([] { make_task("text", TaskOptions().data("f.txt").vocab_size(256).val_fraction(1)); }),
              Catch::Contains("val_fraction must be in (0, 1), got 1"));
+  CHECK_THAT(error_message([] { check_task("repeat", TaskOptions().vocab_size(1), Spelling::config); }),
+             Catch::Contains("vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols"));
   CHECK_THAT(error_message([] { make_task("tokens", TaskOptions()); }),
              Catch::Contains("task tokens needs a prepared corpus"));
   CHECK_THAT(error_message([] { make_task("addition", TaskOptions()); }),
