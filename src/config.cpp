@@ -99,6 +99,7 @@ void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O
     f.help = o.help;
     f.type = o.type;
     f.choices = o.choices;
+    f.rule = o.rule;
     const std::string key = o.name;
     f.get = [&spec, held, key](const RunConfig& c) { return *spec.get(c.*held, key); };
     f.set = [&spec, held, key](RunConfig& c, const OptionValue& v) { spec.set(c.*held, key, v); };
@@ -110,12 +111,13 @@ void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O
 // or another, and what the run adds to their help.
 struct Preset {
   OptionValue value;
-  const char* help;  // replaces the kind's help when set
+  const char* help;            // replaces the kind's help when set
+  const char* rule = nullptr;  // replaces the kind's rule's words when set
 };
 const std::map<std::string, Preset>& model_presets() {
   static const std::map<std::string, Preset> presets = {
       {"vocab_size", {int64_t{64}, "vocabulary size (text task: 256, byte-level; tokens task: the corpus's)"}},
-      {"context_length", {int64_t{0}, "model context; 0 = seq-len"}},
+      {"context_length", {int64_t{0}, "model context; 0 = seq-len", "must be >= 0 (0 = seq-len)"}},
       {"d_model", {int64_t{32}, nullptr}},
       {"n_heads", {int64_t{4}, nullptr}},
       {"n_layers", {int64_t{2}, nullptr}}};
@@ -158,6 +160,7 @@ void add_model_fields(Fields& out) {
     f.help = s.info.help + (s.kinds.size() < kinds.size() ? " (" + internal::join(s.kinds) + ")" : "");
     f.type = s.info.type;
     f.choices = s.info.choices;
+    f.rule = s.info.rule;
     const std::string key = s.info.name;
     f.get = [key](const RunConfig& c) {
       auto it = c.model_options.find(key);
@@ -168,6 +171,7 @@ void add_model_fields(Fields& out) {
     auto preset = model_presets().find(key);
     const bool has_preset = preset != model_presets().end();
     if (has_preset && preset->second.help) f.help = preset->second.help;
+    if (has_preset && preset->second.rule) f.rule = preset->second.rule;
     out.list.push_back(std::move(f));
     out.model_defaults[key] = has_preset ? preset->second.value
                               : s.info.default_value ? *s.info.default_value
@@ -273,7 +277,11 @@ std::string field_value_string(const ConfigField& field, const RunConfig& config
   }
 }
 
-std::string to_toml(const RunConfig& config) {
+std::string accepted_values(const ConfigField& f) {
+  return !f.choices.empty() ? "one of " + internal::join(f.choices) : f.rule;
+}
+
+std::string to_toml(const RunConfig& config, bool with_accepted) {
   std::ostringstream os;
   std::string group;
   for (const auto& f : config_fields()) {
@@ -282,7 +290,10 @@ std::string to_toml(const RunConfig& config) {
       os << (group.empty() ? "" : "\n") << "# ---- " << f.group << "\n";
       group = f.group;
     }
-    os << f.name << " = " << field_value_string(f, config) << "\n";
+    os << f.name << " = " << field_value_string(f, config);
+    if (const std::string accepted = accepted_values(f); with_accepted && !accepted.empty())
+      os << "  # " << accepted;
+    os << "\n";
   }
   return os.str();
 }

@@ -46,6 +46,17 @@ TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
     CHECK(field_value_string(f, back) == field_value_string(f, c));
   }
   CHECK(back.trainer.optimizer().lr() == c.trainer.optimizer().lr());
+  // What --print-config writes for a person: each key's accepted values after it, and
+  // it reads back the same.
+  const std::string annotated = to_toml(c, /*with_accepted=*/true);
+  CHECK_THAT(annotated, Catch::Contains("\ndropout = 0.1  # must be in [0, 1)\n"));
+  CHECK_THAT(annotated, Catch::Contains("\nvocab-size = 64  # must be >= 2 (one token leaves nothing to learn)\n"));
+  CHECK_THAT(annotated, Catch::Contains("\noptimizer = \"adam\"  # one of adam, adamw\n"));
+  CHECK_THAT(annotated, Catch::Contains("\npre-ln = false\n"));  // any bool goes: no comment
+  CHECK(to_toml(c).find("  # ") == std::string::npos);
+  RunConfig again;
+  CHECK(apply_toml(again, annotated, "annotated") == keys);
+  CHECK(to_toml(again) == to_toml(c));
 }
 
 TEST_CASE("config files: unknown keys, wrong types and bad TOML are named", "[config][errors]") {
@@ -90,6 +101,15 @@ TEST_CASE("validate names the field, the value and the rule", "[config][errors]"
              Catch::Contains("vocab-size must be 256, got 64"));
   CHECK_THAT(bad([](RunConfig& c) { c.trainer.batch_size(0); }),
              Catch::Contains("batch-size must be >= 1, got 0"));
+  // Degenerate settings that would train without a word (issue 35).
+  CHECK_THAT(bad([](RunConfig& c) { c.set("vocab-size", 1); }),
+             Catch::Contains("vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols"));
+  CHECK_THAT(bad([](RunConfig& c) { c.set("vocab-size", 1); c.task = "copy"; }),
+             Catch::Contains("task copy needs vocab-size >= 2, got 1"));
+  CHECK_THAT(bad([](RunConfig& c) { c.model = "transformer"; c.set("dropout", 1.0); }),
+             Catch::Contains("dropout must be in [0, 1), got 1"));
+  CHECK_THAT(bad([](RunConfig& c) { c.model = "transformer"; c.set("attn-dropout", 1.0); }),
+             Catch::Contains("attn-dropout must be in [0, 1), got 1"));
   // A field whose value is one of a set refuses another as it is set: the options
   // behind it (an enum) could not hold it.
   RunConfig c;

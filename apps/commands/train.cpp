@@ -76,6 +76,7 @@ void add_config_options(CLI::App& cmd, TrainArgs& args) {
     const std::string name = "--" + f.name;
     std::string help = f.help;
     if (f.written) help += " [" + field_value_string(f, defaults) + "]";
+    if (!f.rule.empty()) help += "; " + f.rule;
     // Each option binds a value of its field's type; only those given are copied over.
     OptionValue& v = args.flags[f.name] = f.get(defaults);
     CLI::Option* opt = nullptr;
@@ -336,7 +337,7 @@ int run_train(const TrainArgs& args) {
   bool out_dir_chosen = false;
   RunConfig cfg = run_config_of(args, ck, out_dir_chosen);
   if (args.print_config) {
-    std::cout << to_toml(cfg);
+    std::cout << to_toml(cfg, /*with_accepted=*/true);
     return 0;
   }
   // Every check before any output: settings, memory, data, threads, checkpoint fit, out-dir.

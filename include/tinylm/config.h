@@ -73,6 +73,7 @@ struct ConfigField {
   std::string help;
   OptionType type = OptionType::integer;
   std::vector<std::string> choices;
+  std::string rule;     // the values it takes, in words ("must be in [0, 1)"; "" = any)
   bool written = true;  // false: an older key still read (fused-attention), never written
   std::function<OptionValue(const RunConfig&)> get;
   std::function<void(RunConfig&, const OptionValue&)> set;
@@ -92,11 +93,17 @@ T RunConfig::get(const std::string& key) const {
   return std::get<T>(v);
 }
 
+/// The values a field takes, in words: "one of a, b" or its rule ("must be >= 1"); ""
+/// when any value of its type goes (rules between fields are validate()'s).
+std::string accepted_values(const ConfigField& field);
+
 /// Throws with the field's name, its value and the rule when a value is invalid.
 void validate(const RunConfig& config);
 
 /// The config as TOML (flat keys, grouped by comments); apply_toml() reads it back.
-std::string to_toml(const RunConfig& config);
+/// `with_accepted`: each key's accepted values in a comment after it, where it has a rule
+/// or choices (what --print-config writes for a person).
+std::string to_toml(const RunConfig& config, bool with_accepted = false);
 
 /// Applies the keys of a TOML document onto `config`. Unknown keys, nested tables and
 /// wrong value types are errors naming `origin` (a file name), the key and the fix;

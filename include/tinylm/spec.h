@@ -38,6 +38,7 @@ struct OptionInfo {
   std::optional<OptionValue> default_value;  // none: it must be given
   std::vector<std::string> choices;          // a text option's allowed values
   std::string group;                         // a heading for a front end ("" = none)
+  std::string rule;                          // the values it takes, in words ("must be >= 1"; "" = any)
 };
 
 /// The stored text of a value: true/false, a decimal integer, the shortest decimal that
@@ -89,6 +90,7 @@ class OptionSpec {
     f.info.type = type_of(OptionValue(T{}));
     f.info.help = help;
     f.info.group = group_;
+    f.info.rule = rule.holds ? rule.says : std::string();
     f.get = [get](const O& o) { return OptionValue(get(o)); };
     f.set = [set](O& o, const OptionValue& v) { set(o, std::get<T>(v)); };
     if (rule.holds)

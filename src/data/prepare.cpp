@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -151,7 +154,14 @@ class LineReader {
     }
     pos_ = len_ = 0;
     buffer_.resize(1 << 16);
-    return fill() || (close(), open_next());
+    if (!fill()) return close(), open_next();
+    // A UTF-8 byte-order mark at the start of a file (an editor's, not the text's) is
+    // skipped; offsets in messages still count it. (From a pipe, a first read shorter
+    // than the mark keeps it, as the text's first character.)
+    pos_ = internal::utf8_bom_length(std::string_view(buffer_.data(), len_));
+    offset_ = pos_;
+    bytes_read_ += pos_;
+    return true;
   }
   bool fill() {
     for (;;) {

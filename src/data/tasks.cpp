@@ -2,8 +2,12 @@
 #include <tinylm/data/tasks.h>
 
 #include "internal/files.h"
+#include "internal/text.h"
 
 #include <torch/torch.h>
+
+#include <string>
+#include <string_view>
 
 namespace tinylm::data {
 
@@ -39,7 +43,8 @@ Batch shift(const torch::Tensor& rows, int64_t first_scored) {
 
 RepeatTask::RepeatTask(int64_t seq_len, int64_t vocab_size) : T_(seq_len), V_(vocab_size) {
   TORCH_CHECK(seq_len >= 1, "repeat task: seq_len must be >= 1, got ", seq_len);
-  TORCH_CHECK(vocab_size >= 1, "repeat task: vocab_size must be >= 1, got ", vocab_size);
+  TORCH_CHECK(vocab_size >= 2, "repeat task: vocab_size must be >= 2 (one symbol leaves nothing to learn), got ",
+              vocab_size);
 }
 
 Batch RepeatTask::sample(int64_t batch_size, Split, at::Generator& gen) {
@@ -62,7 +67,8 @@ Batch repeat_batch(int64_t batch_size, int64_t seq_len, int64_t vocab_size, at::
                    torch::Device device) {
   TORCH_CHECK(batch_size >= 1, "repeat task: batch_size must be >= 1, got ", batch_size);
   TORCH_CHECK(seq_len >= 1, "repeat task: seq_len must be >= 1, got ", seq_len);
-  TORCH_CHECK(vocab_size >= 1, "repeat task: vocab_size must be >= 1, got ", vocab_size);
+  TORCH_CHECK(vocab_size >= 2, "repeat task: vocab_size must be >= 2 (one symbol leaves nothing to learn), got ",
+              vocab_size);
   auto ids = random_ids(vocab_size, {batch_size, 1}, gen, device);  // (B, 1)
   return shift(ids.expand({batch_size, seq_len + 1}), 0);          // rows (B, T + 1)
 }
@@ -109,7 +115,9 @@ TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction
   TORCH_CHECK(seq_len >= 1, "text task: seq-len must be >= 1, got ", seq_len);
   TORCH_CHECK(val_fraction > 0 && val_fraction < 1, "text task: val-fraction must be in (0, 1), got ",
               val_fraction);
-  const std::string bytes = internal::read_regular_file(path, "data file");
+  // A UTF-8 byte-order mark at the start (an editor's, not the text's) is not trained on.
+  const std::string file = internal::read_regular_file(path, "data file");
+  const std::string_view bytes = std::string_view(file).substr(internal::utf8_bom_length(file));
   const int64_t n = static_cast<int64_t>(bytes.size());
   const int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
   const int64_t n_train = n - n_val;

@@ -26,6 +26,10 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
 
 }  // namespace
 
+size_t utf8_bom_length(std::string_view s) {
+  return s.substr(0, 3) == std::string_view("\xEF\xBB\xBF") ? 3 : 0;
+}
+
 size_t utf8_valid_prefix(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {

@@ -17,6 +17,11 @@ std::string printable(std::string_view s);
 /// it is): what a reader of text files checks before taking a file.
 size_t utf8_valid_prefix(std::string_view s);
 
+/// 3 when `s` starts with a UTF-8 byte-order mark (EF BB BF, which Notepad and
+/// PowerShell write at the start of a UTF-8 file), else 0: readers of text a person may
+/// have saved skip that many bytes at the start of a file (and only there).
+size_t utf8_bom_length(std::string_view s);
+
 /// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string to_valid_utf8(std::string_view s);
 

@@ -1,5 +1,6 @@
 // TOML text from elsewhere, checked before toml++ sees it.
 #include "internal/toml_text.h"
+#include "internal/text.h"
 
 #include <c10/util/Exception.h>
 #include <toml++/toml.h>
@@ -101,9 +102,7 @@ std::vector<TomlEntry> parse_flat_toml(const std::string& file_text, const std::
   // A UTF-8 byte-order mark at the very start (Notepad and PowerShell's UTF-8 write one)
   // says only that the file is UTF-8: skipped. Anywhere else it is a character outside
   // ASCII like any other, refused below with its line.
-  static const std::string bom = "\xEF\xBB\xBF";
-  const bool has_bom = file_text.compare(0, bom.size(), bom) == 0;
-  const std::string text = has_bom ? file_text.substr(bom.size()) : file_text;
+  const std::string text = file_text.substr(utf8_bom_length(file_text));
   const int64_t stray = non_ascii_outside_strings(text);
   TORCH_CHECK(stray == 0, origin, ":", stray, ": a character outside ASCII stands outside a string or a comment "
               "(TOML keys are ASCII; put text in quotes)");

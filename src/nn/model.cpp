@@ -91,7 +91,10 @@ std::vector<std::pair<std::string, AttentionKernel>> kernel_names() {
 // and the rule between width and heads.
 template <typename O>
 void add_shape_options(OptionSpec<O>& s) {
-  s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size", at_least(1)).required();
+  // One token is always right (loss 0, accuracy 100%): a model that cannot learn anything.
+  s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size",
+        Rule<int64_t>{[](const int64_t& v) { return v >= 2; }, "must be >= 2 (one token leaves nothing to learn)"})
+      .required();
   s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
   s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
   s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();

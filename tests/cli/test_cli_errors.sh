@@ -46,6 +46,8 @@ expect_error "eval without file"     "checkpoint"           "$tinylm" eval
 expect_error "cuda where none"       "CUDA is not available" "$tinylm" train --device cuda
 expect_error "bad device"            "unknown device"       "$tinylm" train --device gpu7
 expect_error "bf16 on cpu"           "bf16 autocast needs a CUDA device" "$tinylm" train --bf16 --device cpu
+expect_error "one-symbol vocabulary" "vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols" "$tinylm" train --vocab-size 1
+expect_error "dropout 1"             "dropout must be in [0, 1), got 1" "$tinylm" train --model transformer --dropout 1
 
 # ---- config files
 printf 'lr = 0.1\nlearning_rate = 2\n' > typo.toml
@@ -54,6 +56,8 @@ printf 'epochs = "three"\n' > type.toml
 expect_error "config wrong type"     "'epochs' must be an integer" "$tinylm" train --config type.toml
 printf 'lr = = 1\n' > syntax.toml
 expect_error "config bad TOML"       "not valid TOML"      "$tinylm" train --config syntax.toml
+printf '\xef\xbb\xbflr = 0.1\r\n\xef\xbb\xbfseed = 3\r\n' > bom-twice.toml  # a mark is skipped at the start only
+expect_error "config mark mid-file"  "bom-twice.toml:2: a character outside ASCII" "$tinylm" train --config bom-twice.toml
 printf '[model]\nd-model = 8\n' > nested.toml
 expect_error "config nested table"   "flat keys only"      "$tinylm" train --config nested.toml
 expect_error "config missing"        "config file 'nowhere.toml' does not exist" "$tinylm" train --config nowhere.toml

@@ -7,7 +7,8 @@
 # Links in code (fenced blocks, `spans`) and absolute URLs are not checked. Also: README.md
 # is at most 250 lines, docs/library.md links tests/cmake-consumer/main.cpp, the tested
 # library example, and, given the tool, docs/configs.md's key table lists exactly the keys
-# `tinylm train --print-config` writes, with the same defaults.
+# `tinylm train --print-config` writes, with the same defaults and accepted values (the
+# comment it writes after a key that has a rule or choices).
 # Prints one "ok:" line per file and one "FAIL:" line per problem; exits 1 on any problem.
 # usage: test_docs_links.sh SOURCE_DIR [TINYLM]
 set -euo pipefail
@@ -152,9 +153,14 @@ if not os.path.isdir(docs):
 if len(sys.argv) > 2:
     printed = subprocess.run([sys.argv[2], "train", "--print-config"], capture_output=True, text=True,
                              check=True).stdout
-    tool = dict(re.findall(r"^([a-z0-9-]+) = (.*)$", printed, re.M))
+    # key = value, and after it "  # what it accepts" where the key has a rule or choices.
+    lines = re.findall(r"^([a-z0-9-]+) = (.*?)(?:  # (.*))?$", printed, re.M)
+    tool = {k: v for k, v, _ in lines}
+    tool_accepts = {k: a for k, _, a in lines}
     with open(os.path.join(docs, "configs.md"), encoding="utf-8") as f:
-        table = dict(re.findall(r"^\| `([a-z0-9-]+)` \| [a-z]+ \| `([^`]*)` \|", f.read(), re.M))
+        rows = re.findall(r"^\| `([a-z0-9-]+)` \| [a-z]+ \| `([^`]*)` \| ([^|]*) \|", f.read(), re.M)
+    table = {k: v for k, v, _ in rows}
+    table_accepts = {k: a.strip() for k, _, a in rows}
     for key in sorted(set(tool) - set(table)):
         fail(f"docs/configs.md: the key table lacks '{key}' (tinylm train --print-config writes it)")
     for key in sorted(set(table) - set(tool)):
@@ -162,7 +168,11 @@ if len(sys.argv) > 2:
     for key in sorted(set(tool) & set(table)):
         if tool[key] != table[key]:
             fail(f"docs/configs.md: '{key}' defaults to {tool[key]}, not {table[key]}")
+        if tool_accepts[key] != table_accepts[key]:
+            fail(f"docs/configs.md: '{key}' accepts '{tool_accepts[key]}' (--print-config's comment), "
+                 f"the table says '{table_accepts[key]}'")
     if set(tool) == set(table):
-        print(f"ok: docs/configs.md: its key table lists the {len(tool)} keys --print-config writes")
+        print(f"ok: docs/configs.md: its key table lists the {len(tool)} keys --print-config writes, "
+              "with their defaults and accepted values")
 sys.exit(1 if problems else 0)
 PY

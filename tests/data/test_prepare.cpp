@@ -113,6 +113,35 @@ TEST_CASE("prepare refuses bad input and leaves nothing behind") {
   CHECK_THAT(error_message([&] { data::prepare(o); }), Catch::Contains("which standard input cannot give"));
 }
 
+TEST_CASE("prepare skips a UTF-8 byte-order mark at the start of each file, and only there") {
+  const auto dir = scratch_dir("prepare_bom");
+  fs::create_directories(dir / "in");
+  const std::string bom = "\xEF\xBB\xBF", a = corpus(300), b = corpus(120).substr(5);
+  write_file(dir / "in" / "a.txt", bom + a);
+  write_file(dir / "in" / "b.txt", bom + b);
+  data::PrepareOptions o;
+  o.inputs = {(dir / "in").string()};
+  o.tokenizer = "byte";
+  o.out_dir = (dir / "out").string();
+  const auto s = data::prepare(o);
+  CHECK(s.train_bytes + s.val_bytes == a.size() + b.size());
+  data::TokenFile train((dir / "out" / "train.bin").string()), val((dir / "out" / "val.bin").string());
+  const auto tok = data::byte_tokenizer();
+  const std::string text = tok->decode(all_tokens(train)) + tok->decode(all_tokens(val));
+  CHECK(text.find(bom) == std::string::npos);
+  CHECK(text.size() == a.size() + b.size());
+  // A mark later in a file is text (U+FEFF), kept; offsets in messages count the skipped one.
+  write_file(dir / "late.txt", a + bom + "x\n");
+  o.inputs = {(dir / "late.txt").string()};
+  o.out_dir = (dir / "late").string();
+  const auto late = data::prepare(o);
+  CHECK(late.train_bytes + late.val_bytes == a.size() + bom.size() + 2);
+  write_file(dir / "latin1.txt", bom + "caf\xE9\n");
+  o.inputs = {(dir / "latin1.txt").string()};
+  o.out_dir = (dir / "latin1").string();
+  CHECK_THAT(error_message([&] { data::prepare(o); }), Catch::Contains("is not UTF-8 text: line 1, byte offset 6"));
+}
+
 TEST_CASE("prepare reads a line longer than its 1 MiB pieces without splitting a character") {
   const auto dir = scratch_dir("prepare_long_line");
   std::string line;

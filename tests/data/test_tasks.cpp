@@ -80,3 +80,27 @@ TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes
              Catch::Contains("data file '/no/such/file.txt' does not exist"));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("text task: a UTF-8 byte-order mark at the start is not trained on, one later is",
+          "[data][tasks][text]") {
+  const auto path = std::filesystem::temp_directory_path() / "tinylm_text_task_bom.txt";
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += static_cast<char>('a' + i % 26);
+  std::ofstream(path, std::ios::binary) << "\xEF\xBB\xBF" << text;
+  TextTask task(path.string(), 8, 0.2);
+  CHECK(task.train_bytes() + task.validation_bytes() == 100);  // the mark's 3 bytes are gone
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto b = task.sample(64, Split::train, gen);
+  CHECK(b.inputs.min().item<int64_t>() >= 'a');  // no 0xEF, 0xBB or 0xBF byte
+  CHECK(b.inputs.max().item<int64_t>() <= 'z');
+  std::ofstream(path, std::ios::binary) << text << "\xEF\xBB\xBF";  // not at the start: text
+  CHECK(TextTask(path.string(), 8, 0.2).train_bytes() + TextTask(path.string(), 8, 0.2).validation_bytes() == 103);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("repeat task: one symbol is refused, it leaves nothing to learn", "[data][tasks][errors]") {
+  CHECK_THAT(error_message([] { RepeatTask(12, 1); }), Catch::Contains("must be >= 2 (one symbol leaves nothing"));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  CHECK_THAT(error_message([&] { repeat_batch(4, 12, 1, gen); }), Catch::Contains("must be >= 2"));
+  CHECK(RepeatTask(12, 2).vocab_size() == 2);
+}

@@ -52,8 +52,14 @@ TEST_CASE("TransformerLM validates its configuration", "[nn][model][errors]") {
              Catch::Contains("d_model 10 must be divisible by n_heads 4"));
   CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 0)); }),
              Catch::Contains("n_layers must be >= 1, got 0"));
-  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(0, 8, 8, 2, 1)); }),
-             Catch::Contains("vocab_size must be >= 1, got 0"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(1, 8, 8, 2, 1)); }),
+             Catch::Contains("vocab_size must be >= 2 (one token leaves nothing to learn), got 1"));
+  CHECK_THAT(error_message([] { TinyAttentionLM(TinyAttentionLMOptions(1, 8, 8, 2)); }),
+             Catch::Contains("vocab_size must be >= 2"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 1).dropout(1)); }),
+             Catch::Contains("dropout must be in [0, 1), got 1"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 1).attn_dropout(1)); }),
+             Catch::Contains("attn_dropout must be in [0, 1), got 1"));
   CHECK_THAT(error_message([] { position_encoding_from_string("rotary"); }),
              Catch::Contains("unknown position encoding 'rotary'"));
 }
