@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <sstream>
@@ -127,6 +128,7 @@ std::string varint(uint64_t v) {
   } while (v);
   return out;
 }
+std::string value_varint(uint64_t v) { return varint(v); }
 std::string field(int number, const std::string& bytes) {
   return varint(static_cast<uint64_t>(number) << 3 | 2) + varint(bytes.size()) + bytes;
 }
@@ -156,6 +158,29 @@ std::pair<size_t, size_t> find_field(const std::string& message, int number, siz
     }
   }
   return {std::string::npos, 0};
+}
+
+std::string number_field(int number, uint64_t value) { return varint(static_cast<uint64_t>(number) << 3) + value_varint(value); }
+
+/// A normalizer character map whose trie is one chain of `links` 'a' bytes from the root,
+/// every node on it a rule (mapping to "b"); `loop`: the last node's 'a' leads back to the
+/// first (a cycle no darts-clone trie has).
+std::string chain_charsmap(int links, bool loop = false) {
+  const uint32_t none = 1u << 31;  // a unit whose label matches no byte
+  std::vector<uint32_t> units(256 * static_cast<size_t>(links + 2), none);
+  uint32_t node = 0;
+  for (int i = 0; i <= links; ++i) {
+    // Its children's block (the root's again for a loop), holding its value at byte 0.
+    const uint32_t block = 256u * static_cast<uint32_t>(loop && i == links ? 1 : i + 1);
+    units[node] = ((node ^ block) << 10) | (i > 0 ? (1u << 8) | 'a' : 0u);  // offset, leaf, label
+    if (i > 0) units[block] = none | 0;                                      // its value: "b", at 0
+    node = block ^ 'a';
+  }
+  std::string map(4, '\0');
+  const uint32_t trie_bytes = static_cast<uint32_t>(units.size() * 4);
+  std::memcpy(map.data(), &trie_bytes, 4);
+  map.append(reinterpret_cast<const char*>(units.data()), trie_bytes);
+  return map + std::string("b\0", 2);
 }
 
 }  // namespace wire
@@ -225,6 +250,15 @@ TEST_CASE("SentencePiece models are checked before SentencePiece reads them", "[
   CHECK(internal::sentencepiece_model_problem(proto).empty());
   CHECK(internal::sentencepiece_model_problem("") == "it is empty");
 
+  // A second normalizer spec is merged into the first: its map is the one used. 32 rules
+  // along one path encode a long run of their byte; 33 crashed SentencePiece (it gathers
+  // the matches into 32 slots and reads as many as there were) and are refused.
+  const std::string run(40, 'a');
+  const auto chained = load(proto + field(3, field(2, wire::chain_charsmap(32))));
+  CHECK(!chained->encode(run).empty());
+  CHECK_THAT(error_message([&] { load(proto + field(3, field(2, wire::chain_charsmap(33)))); }),
+             Catch::Contains("one input can match 33 of its rules, more than the 32 SentencePiece holds"));
+
   // Models made by SentencePiece's own spm_train (fuzz/corpus/sentencepiece: nmt_nfkc,
   // nfkc_cf with a self-test, identity BPE with byte pieces) pass the check and load.
   int models = 0;
@@ -256,4 +290,46 @@ TEST_CASE("the SentencePiece model check stays inside the model it checks") {
   }
   CHECK(refused > 0);
   CHECK(accepted > 0);
+}
+
+TEST_CASE("the SentencePiece model check bounds the matches SentencePiece keeps in fixed arrays") {
+  using wire::field;
+  using wire::number_field;
+  const std::string piece = field(1, field(1, "a"));
+  auto with_map = [&](const std::string& map) { return piece + field(3, field(2, map)); };
+  // The normalizer gathers the rules matching one input into 32 slots: 32 rules along one
+  // path pass, 33 (an input of 33 'a's would match them all) are refused, in the
+  // normalizer and the denormalizer alike; so is a cycle, and a path of 1025 bytes.
+  CHECK(internal::sentencepiece_model_problem(with_map(wire::chain_charsmap(32))).empty());
+  CHECK(internal::sentencepiece_model_problem(with_map(wire::chain_charsmap(33))) ==
+        "its normalizer's character map is damaged (one input can match 33 of its rules, more than the 32 "
+        "SentencePiece holds)");
+  CHECK_THAT(internal::sentencepiece_model_problem(piece + field(5, field(2, wire::chain_charsmap(300)))),
+             Catch::Contains("its denormalizer's character map is damaged (one input can match 255 or more"));
+  CHECK_THAT(internal::sentencepiece_model_problem(with_map(wire::chain_charsmap(3, true))),
+             Catch::Contains("its trie has a cycle through node"));
+  CHECK_THAT(internal::sentencepiece_model_problem(with_map(wire::chain_charsmap(1025))),
+             Catch::Contains("a path through its trie is longer than 1024 bytes"));
+
+  // User-defined pieces that start one another: 64 pass, 65 are refused (SentencePiece's
+  // prefix matcher keeps 64).
+  auto with_user_defined = [&](int chain, const std::string& extra = "") {
+    std::string proto = piece;
+    for (int i = 1; i <= chain; ++i) proto += field(1, field(1, std::string(i, 'x')) + number_field(3, 4));
+    if (!extra.empty()) proto += field(1, field(1, extra) + number_field(3, 4));
+    return proto;
+  };
+  CHECK(internal::sentencepiece_model_problem(with_user_defined(64)).empty());
+  CHECK(internal::sentencepiece_model_problem(with_user_defined(64, "y")).empty());
+  CHECK(internal::sentencepiece_model_problem(with_user_defined(65)) ==
+        "65 of its user-defined pieces start one another, more than the 64 SentencePiece holds");
+  // A piece of any kind that is empty or holds a NUL byte: SentencePiece hands pieces to
+  // darts-clone as C strings, which throws on the empty key that makes (the fuzz target's
+  // first finding with the structure-aware mutator: a normal piece "\0&aaa...").
+  CHECK(internal::sentencepiece_model_problem(with_user_defined(3, std::string("a\0b", 3))) ==
+        "piece 4 is empty or holds a NUL byte");
+  CHECK(internal::sentencepiece_model_problem(piece + field(1, field(1, std::string("\0&a", 3)))) ==
+        "piece 1 is empty or holds a NUL byte");
+  CHECK(internal::sentencepiece_model_problem(piece + field(1, number_field(3, 4))) ==
+        "piece 1 is empty or holds a NUL byte");
 }
