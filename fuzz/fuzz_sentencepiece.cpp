@@ -5,6 +5,7 @@
 // used to encode and decode. A crash or a sanitizer report inside SentencePiece is a
 // model the check let through: a finding.
 #include "data/sentencepiece/model_check.h"
+#include "protobuf_writer.h"
 
 #include <sentencepiece_processor.h>
 
@@ -33,18 +34,8 @@ namespace {
 // their last NUL, now and then a loop (a node whose children are an ancestor's) or a
 // damaged unit; sometimes a chain of user-defined pieces that start one another.
 
-std::string varint(uint64_t v) {
-  std::string out;
-  do {
-    out += static_cast<char>((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
-    v >>= 7;
-  } while (v);
-  return out;
-}
-std::string field(uint64_t number, std::string_view bytes) {
-  return varint(number << 3 | 2) + varint(bytes.size()) + std::string(bytes);
-}
-std::string number_field(uint64_t number, uint64_t value) { return varint(number << 3) + varint(value); }
+using tinylm::fuzz::field;
+using tinylm::fuzz::number_field;
 
 /// The top-level fields of `proto` other than the normalizer and denormalizer specs, or
 /// "" when it does not parse.

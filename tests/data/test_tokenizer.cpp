@@ -9,6 +9,7 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
 
+#include "../../fuzz/protobuf_writer.h"
 #include "data/sentencepiece/model_check.h"
 #include "internal/text.h"
 
@@ -120,18 +121,8 @@ namespace wire {
 
 // A few protobuf wire-format helpers, to damage SentencePiece models the way a bad file
 // would.
-std::string varint(uint64_t v) {
-  std::string out;
-  do {
-    out += static_cast<char>((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
-    v >>= 7;
-  } while (v);
-  return out;
-}
-std::string value_varint(uint64_t v) { return varint(v); }
-std::string field(int number, const std::string& bytes) {
-  return varint(static_cast<uint64_t>(number) << 3 | 2) + varint(bytes.size()) + bytes;
-}
+using tinylm::fuzz::field;
+using tinylm::fuzz::number_field;
 uint64_t read_varint(const std::string& s, size_t& i) {
   uint64_t v = 0;
   for (int shift = 0;; shift += 7) {
@@ -159,8 +150,6 @@ std::pair<size_t, size_t> find_field(const std::string& message, int number, siz
   }
   return {std::string::npos, 0};
 }
-
-std::string number_field(int number, uint64_t value) { return varint(static_cast<uint64_t>(number) << 3) + value_varint(value); }
 
 /// A normalizer character map whose trie is one chain of `links` 'a' bytes from the root,
 /// every node on it a rule (mapping to "b"); `loop`: the last node's 'a' leads back to the
