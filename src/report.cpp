@@ -1,6 +1,8 @@
 // Causal check and ASCII heatmap of attention weights.
 #include <tinylm/report.h>
 
+#include "internal/text.h"
+
 #include <torch/torch.h>
 
 #include <iomanip>
@@ -43,5 +45,7 @@ std::string ascii_heatmap(const torch::Tensor& weights) {
   }
   return out.str();
 }
+
+std::string terminal_text(std::string_view text) { return internal::for_terminal(text); }
 
 }  // namespace tinylm

@@ -193,7 +193,7 @@ void print_contracts(train::Trainer& trainer) {
 void print_heatmap(train::Trainer& trainer) {
   auto [batch, out] = look_at_batch(trainer, 1, 1);
   logger()->info("attention of head 0 (layer {}) on one sample: {}\n{}", out.attention.size() - 1,
-                 trainer.task().decode(batch.inputs), ascii_heatmap(out.attention.back()[0][0]));
+                 terminal_text(trainer.task().decode(batch.inputs)), ascii_heatmap(out.attention.back()[0][0]));
 }
 
 // ---- data-parallel launch -------------------------------------------------------------

@@ -56,7 +56,12 @@ std::string to_valid_utf8(std::string_view s) {
   return out;
 }
 
-std::string printable(std::string_view s) {
+namespace {
+
+// Control characters (C0, DEL, and C1: U+0080..U+009F, which some terminals obey as
+// escape sequences too) and bytes that are not UTF-8 as \xNN; newlines and tabs kept
+// when `keep_lines`.
+std::string escape_controls(std::string_view s, bool keep_lines) {
   std::string out;
   out.reserve(s.size());
   auto hex = [&](unsigned char c) {
@@ -67,6 +72,11 @@ std::string printable(std::string_view s) {
   };
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
+    if (keep_lines && (c == '\n' || c == '\t')) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
     if (c < 0x20 || c == 0x7F) {
       hex(c);
       ++i;
@@ -83,11 +93,23 @@ std::string printable(std::string_view s) {
       ++i;
       continue;
     }
+    if (len == 2 && c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0) {  // C1 control
+      hex(c);
+      hex(static_cast<unsigned char>(s[i + 1]));
+      i += 2;
+      continue;
+    }
     out.append(s.substr(i, len));
     i += len;
   }
   return out;
 }
+
+}  // namespace
+
+std::string printable(std::string_view s) { return escape_controls(s, false); }
+
+std::string for_terminal(std::string_view s) { return escape_controls(s, true); }
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;

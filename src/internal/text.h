@@ -9,9 +9,13 @@
 
 namespace tinylm::internal {
 
-/// `s` for an error message: control characters, DEL and bytes that are not UTF-8 are
-/// written as \xNN, so a message stays one readable line whatever the user typed.
+/// `s` for an error message: control characters (C0, DEL, C1) and bytes that are not
+/// UTF-8 are written as \xNN, so a message stays one readable line whatever the user typed.
 std::string printable(std::string_view s);
+
+/// `s` for a terminal: as printable(), but newlines and tabs kept, so text from a model
+/// reads as text and cannot send the terminal an escape sequence.
+std::string for_terminal(std::string_view s);
 
 /// The length of the longest prefix of `s` that is valid UTF-8 (== s.size() when all of
 /// it is): what a reader of text files checks before taking a file.

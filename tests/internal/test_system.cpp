@@ -69,6 +69,25 @@ TEST_CASE("printable() escapes control characters, DEL and bytes that are not UT
   CHECK(internal::utf8_valid_prefix(shown) == shown.size());
 }
 
+TEST_CASE("for_terminal() keeps lines and tabs, escapes every other control, C1 included", "[system]") {
+  CHECK(internal::for_terminal("two\nlines\tand a tab, café") == "two\nlines\tand a tab, café");
+  CHECK(internal::for_terminal("red \x1b[31mtext\x1b]0;title\x07\r") == "red \\x1B[31mtext\\x1B]0;title\\x07\\x0D");
+  CHECK(internal::for_terminal("\xC2\x9B" "2J") == "\\xC2\\x9B2J");  // U+009B, CSI in C1 form
+  CHECK(internal::for_terminal("\xC2\xA0") == "\xC2\xA0");           // U+00A0 is text
+  CHECK(internal::printable("\xC2\x9B") == "\\xC2\\x9B");
+  std::string all;
+  for (int c = 0; c < 256; ++c) all += static_cast<char>(c);
+  for (const std::string& s : {all, std::string("\xC2\x80\xC2\x9F")}) {
+    const std::string shown = internal::for_terminal(s);
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const auto c = static_cast<unsigned char>(shown[i]);
+      INFO("byte " << static_cast<int>(c) << " at " << i);
+      CHECK(((c >= 0x20 && c != 0x7F) || c == '\n' || c == '\t'));
+      CHECK(!(c == 0xC2 && i + 1 < shown.size() && static_cast<unsigned char>(shown[i + 1]) < 0xA0));
+    }
+  }
+}
+
 TEST_CASE("human_bytes() writes sizes in binary units", "[system]") {
   CHECK(internal::human_bytes(0) == "0 B");
   CHECK(internal::human_bytes(1023) == "1023 B");
