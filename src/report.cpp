@@ -1,4 +1,4 @@
-// Causal check and ASCII heatmap of attention weights.
+// Causal check and ASCII heatmap of attention weights; model text made safe for a terminal.
 #include <tinylm/report.h>
 
 #include "internal/text.h"

@@ -83,7 +83,8 @@ std::string walk(std::string_view message, const std::function<std::string(const
 // every node a lookup can reach must have all 256 of its probes inside the array, and
 // every value it can return must index a terminated string.
 
-// The fixed-size storage SentencePiece (0.1.97 and 0.2.0 alike) gathers matches into.
+// The fixed-size storage SentencePiece gathers matches into (its current source; Debian
+// 12's 0.1.97 crashed past each bound).
 constexpr unsigned kMaxNormalizerMatches = 32;   // Normalizer::kMaxTrieResultsSize
 constexpr size_t kMaxUserDefinedMatches = 64;    // PrefixMatcher::PrefixMatch's kResultSize
 // tinylm's own bound on a trie path (its walk keeps one frame per byte of the path).
@@ -122,6 +123,11 @@ std::string charsmap_problem(std::string_view blob) {
   struct Frame {
     uint64_t node, base;
     uint32_t next_byte;
+    unsigned most;  // the most matches below node among its children done so far
+  };
+  // What a child adds to its parent's count: the matches below it, and its own rule.
+  auto through = [&](uint64_t child) {
+    return matches[static_cast<size_t>(child)] + (has_leaf(unit_at(units, child)) ? 1u : 0u);
   };
   std::vector<Frame> path;
   auto enter = [&](uint64_t node) -> std::string {
@@ -133,23 +139,18 @@ std::string charsmap_problem(std::string_view blob) {
       return "a path through its trie is longer than " + std::to_string(kMaxRuleBytes) +
              " bytes (a rule's input is a character or a few)";
     state[static_cast<size_t>(node)] = 1;
-    path.push_back({node, base, 0});
+    path.push_back({node, base, 0, 0});
     return {};
   };
   if (auto p = enter(0); !p.empty()) return p;
   while (!path.empty()) {
     Frame& f = path.back();
-    if (f.next_byte == 256) {  // every child done: the most matches below this node
-      unsigned most = 0;
-      for (uint32_t byte = 0; byte < 256; ++byte) {
-        const uint64_t child = f.base ^ byte;
-        const uint32_t u = unit_at(units, child);
-        if (label_of(u) != byte) continue;
-        most = std::max<unsigned>(most, matches[static_cast<size_t>(child)] + (has_leaf(u) ? 1u : 0u));
-      }
-      matches[static_cast<size_t>(f.node)] = static_cast<unsigned char>(std::min(most, 255u));
-      state[static_cast<size_t>(f.node)] = 2;
+    if (f.next_byte == 256) {  // every child done: hand the count up to the parent
+      const uint64_t node = f.node;
+      matches[static_cast<size_t>(node)] = static_cast<unsigned char>(std::min(f.most, 255u));
+      state[static_cast<size_t>(node)] = 2;
       path.pop_back();
+      if (!path.empty()) path.back().most = std::max(path.back().most, through(node));
       continue;
     }
     const uint32_t byte = f.next_byte++;
@@ -168,6 +169,7 @@ std::string charsmap_problem(std::string_view blob) {
     }
     const unsigned char st = state[static_cast<size_t>(child)];
     if (st == 1) return "its trie has a cycle through node " + std::to_string(child);
+    if (st == 2) f.most = std::max(f.most, through(child));  // shared, counted already
     if (st == 0)
       if (auto p = enter(child); !p.empty()) return p;
   }
