@@ -94,7 +94,8 @@ TEST_CASE("text task: a UTF-8 byte-order mark at the start is not trained on, on
   CHECK(b.inputs.min().item<int64_t>() >= 'a');  // no 0xEF, 0xBB or 0xBF byte
   CHECK(b.inputs.max().item<int64_t>() <= 'z');
   std::ofstream(path, std::ios::binary) << text << "\xEF\xBB\xBF";  // not at the start: text
-  CHECK(TextTask(path.string(), 8, 0.2).train_bytes() + TextTask(path.string(), 8, 0.2).validation_bytes() == 103);
+  const TextTask later(path.string(), 8, 0.2);
+  CHECK(later.train_bytes() + later.validation_bytes() == 103);
   std::filesystem::remove(path);
 }
 
