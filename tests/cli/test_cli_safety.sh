@@ -142,13 +142,15 @@ if timeout "$limit" "$tinylm" train --task text --vocab-size 256 --data fox.txt 
   timeout "$limit" "$tinylm" sample textrun --prompt "$prompt" --max-new-tokens 0 > piped.out 2> piped.err
   cmp -s piped.out <(printf '%s\n' "$prompt") || fail "sample to a pipe changed the bytes: $(od -c piped.out | head -3)"
   if command -v script > /dev/null; then
-    timeout "$limit" script -qec "$(printf '%q ' "$tinylm" sample textrun --prompt "$prompt" --max-new-tokens 0) 2> /dev/null" /dev/null \
-      > tty.out 2>&1
+    # script(1) runs the command with $SHELL, which may be a POSIX sh: the command reads
+    # the binary and the prompt from the environment rather than from quoting.
+    TINYLM_BIN=$tinylm PROMPT=$prompt timeout "$limit" script -qec \
+      '"$TINYLM_BIN" sample textrun --prompt "$PROMPT" --max-new-tokens 0 2> /dev/null' /dev/null > tty.out 2>&1
     grep -q $'\e' tty.out && fail "sample wrote an escape byte to a terminal: $(od -c tty.out | head -3)"
     grep -qF 'red \x1B[31m\x1B]0;pwned\x07 two' tty.out || fail "sample on a terminal: $(cat -v tty.out)"
     grep -q '^lines' tty.out || fail "sample on a terminal lost its newline: $(cat -v tty.out)"
-    timeout "$limit" script -qec "$(printf '%q ' "$tinylm" sample textrun --prompt "$prompt" --max-new-tokens 0 --raw) 2> /dev/null" \
-      /dev/null > raw.out 2>&1
+    TINYLM_BIN=$tinylm PROMPT=$prompt timeout "$limit" script -qec \
+      '"$TINYLM_BIN" sample textrun --prompt "$PROMPT" --max-new-tokens 0 --raw 2> /dev/null' /dev/null > raw.out 2>&1
     grep -q $'\e\\[31m' raw.out || fail "sample --raw on a terminal escaped the bytes: $(cat -v raw.out)"
   else
     echo "NOT RUN sample on a terminal: no script(1) here"
