@@ -33,15 +33,9 @@ const CLI::Validator kIntegerNotation(
 
 CLI::Option* integer(CLI::Option* option) { return option->transform(kIntegerNotation); }
 
-/// The checkpoint a command names (a file, or a run directory's newest). Format 1 is
-/// refused here with the command that converts a trusted file.
+/// The checkpoint a command names (a file, or a run directory's newest).
 train::Checkpoint open_checkpoint(const std::string& file_or_dir) {
-  const auto path = train::resolve_checkpoint_path(file_or_dir);
-  TORCH_CHECK(train::checkpoint_format_version(path) != 1, "checkpoint '", path,
-              "' is in format 1, a LibTorch archive: LibTorch's loader for those is safe for trusted files only, "
-              "so tinylm does not read them by default. If you trust this file, convert it once: tinylm upgrade ",
-              path, " --out NEW.ckpt");
-  return train::read_checkpoint(path);
+  return train::read_checkpoint(train::resolve_checkpoint_path(file_or_dir));
 }
 
 InferenceRun open_run(const std::string& file_or_dir, int64_t threads, const InferenceOptions& options) {

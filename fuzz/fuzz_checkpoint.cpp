@@ -13,15 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = tinylm::fuzz::input_file(data, size, ".ckpt");
   try {
     const auto ck = tinylm::train::read_checkpoint(path);
-    // Models up to a few MB: the fuzzer's memory limit is not the reader's business (the
-    // reader has refused every architecture its weights do not match).
-    const auto& o = ck.architecture.options;
-    auto small = [&](const char* key, int64_t limit) {
-      auto it = o.find(key);
-      return it == o.end() || (it->second.size() < 7 && std::atoll(it->second.c_str()) <= limit);
-    };
-    if (tinylm::nn::parameter_count(ck.architecture) < 1'000'000 && small("context_length", 512) &&
-        small("n_layers", 8)) {
+    if (tinylm::fuzz::small_model(ck)) {
       auto model = tinylm::nn::build_model(ck.architecture);
       tinylm::train::load_model_state(ck, *model);
     }

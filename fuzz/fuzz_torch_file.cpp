@@ -5,7 +5,7 @@
 
 #include <tinylm/interop.h>
 
-#include "interop/torch_file.h"
+#include "internal/torch_file.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>

@@ -6,7 +6,7 @@
 
 #include "internal/files.h"
 #include "internal/text.h"
-#include "interop/torch_file.h"
+#include "internal/torch_file.h"
 
 #include <ATen/core/Dict.h>
 #include <caffe2/serialize/inline_container.h>
@@ -174,7 +174,7 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
 
 NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   TORCH_CHECK(n_heads >= 0, "import: n_heads must be >= 0 (0 = the checkpoint's), got ", n_heads);
-  // Read with tinylm's own checked reader (interop/torch_file.h), never LibTorch's
+  // Read with tinylm's own checked reader (internal/torch_file.h), never LibTorch's
   // unpickler: the file comes from elsewhere.
   const internal::TorchFile file(internal::read_regular_file(path, "nanoGPT checkpoint"), path);
   const std::string where = "'" + internal::printable(path) + "'";

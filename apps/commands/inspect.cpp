@@ -134,8 +134,10 @@ int run_inspect(const InspectArgs& a) {
   std::printf("checkpoint %s: %s bytes, format %u (tinylm %s), checksum ok\n", ck.path.c_str(),
               grouped(j["bytes"].get<int64_t>()).c_str(), ck.format_version,
               ck.tinylm_version.empty() ? "before 0.1" : printable(ck.tinylm_version).c_str());
-  const std::string optimizer_state = ck.legacy_archive ? std::string("in a LibTorch archive")
-                                                        : std::to_string(ck.optimizer.size()) + " tensors";
+  size_t optimizer_tensors = ck.optimizer.size();
+  for (const auto& group : ck.optimizer_groups)
+    for (const auto& state : group) optimizer_tensors += state.size();
+  const std::string optimizer_state = std::to_string(optimizer_tensors) + " tensors";
   std::printf("step %lld | world size %lld | best validation loss %s | optimizer %s (%s)\n",
               static_cast<long long>(st.step), static_cast<long long>(st.world_size),
               st.best_val_loss < 1e299 ? fmt::format("{:.6f}", st.best_val_loss).c_str() : "none yet",

@@ -20,15 +20,13 @@ struct UpgradeArgs {
 
 /// An older checkpoint (formats 1 and 2) rewritten in today's format: the same weights,
 /// optimizer state, step and generators, so training resumes from the copy exactly as from
-/// the original. Reading format 1 runs LibTorch's loader: for files the user trusts.
+/// the original. Every format is read by tinylm's own checked readers.
 int run_upgrade(const UpgradeArgs& a) {
   const auto path = train::resolve_checkpoint_path(a.checkpoint);
   std::error_code ec;
   TORCH_CHECK(!std::filesystem::exists(a.out, ec), "--out '", a.out,
               "' already exists: tinylm never overwrites a file; name a new one");
-  train::ReadOptions trusted;
-  trusted.trust_legacy_archive = true;
-  const auto ck = train::read_checkpoint(path, trusted);
+  const auto ck = train::read_checkpoint(path);
   TORCH_CHECK(ck.format_version < train::kCheckpointFormatVersion, "checkpoint '", path, "' is already in format ",
               ck.format_version, ", today's: there is nothing to upgrade");
   RunConfig c = config_from_checkpoint(ck);
@@ -48,7 +46,7 @@ Command add_upgrade(CLI::App& app) {
   auto args = std::make_shared<UpgradeArgs>();
   UpgradeArgs& upgrade_args = *args;
   auto* upgrade_cmd = app.add_subcommand(
-      "upgrade", "rewrite an older checkpoint (format 1 or 2) in today's format; format 1 only if you trust it");
+      "upgrade", "rewrite an older checkpoint (format 1 or 2) in today's format");
   upgrade_cmd->add_option("checkpoint", upgrade_args.checkpoint, "checkpoint file or run directory")->required();
   upgrade_cmd->add_option("--out", upgrade_args.out, "the new file (never overwritten)")->required();
 

@@ -32,6 +32,9 @@ std::string to_valid_utf8(std::string_view s);
 /// The items with ", " between them: "tiny, transformer".
 std::string join(const std::vector<std::string>& items);
 
+/// The lines of `text`, without their '\n' (a last line need not end in one).
+std::vector<std::string> split_lines(const std::string& text);
+
 /// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
 std::string human_bytes(double bytes);
 

@@ -11,6 +11,7 @@
 #include "internal/crc32.h"
 #include "internal/files.h"
 #include "internal/text.h"
+#include "train/legacy_archive.h"
 #include "train/legacy_recipe.h"
 
 #include <nlohmann/json.hpp>
@@ -27,7 +28,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -62,13 +62,6 @@ std::string join_lines(const std::vector<std::string>& lines) {
   std::string out;
   for (const auto& l : lines) out += l + "\n";
   return out;
-}
-
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
-  return lines;
 }
 
 // ---- format 2: a safetensors payload ------------------------------------------------
@@ -197,48 +190,6 @@ void check_finite(const std::string& path, const std::string& name, const torch:
               " (training diverged: a lower learning rate, gradient clipping or warmup helps)");
 }
 
-std::string read_string(torch::serialize::InputArchive& a, const std::string& key,
-                        const std::string& path) {
-  c10::IValue v;
-  TORCH_CHECK(a.try_read(key, v) && v.isString(), "checkpoint '", path, "' has no '", key,
-              "' entry: it was not written by tinylm");
-  return v.toStringRef();
-}
-
-/// Format 1: a LibTorch archive (read through LibTorch's loader; trusted files only).
-void read_legacy_payload(Checkpoint& ck, const std::string& payload) {
-  const std::string& path = ck.path;
-  ck.legacy_archive = std::make_shared<torch::serialize::InputArchive>();
-  try {
-    std::istringstream in(payload);
-    ck.legacy_archive->load_from(in);
-  } catch (const c10::Error& e) {
-    // LibTorch's messages (a TorchScript compile error) run over many lines: one here.
-    std::string why = e.what_without_backtrace();
-    std::replace(why.begin(), why.end(), '\n', ' ');
-    if (why.size() > 240) why = why.substr(0, 240) + "...";
-    TORCH_CHECK(false, "checkpoint '", path, "' has a payload LibTorch cannot read: ", internal::printable(why));
-  }
-  auto& a = *ck.legacy_archive;
-  ck.recipe = read_string(a, "config", path);
-  c10::IValue v;
-  TORCH_CHECK(a.try_read("step", v) && v.isInt(), "checkpoint '", path, "' has no step");
-  ck.state.step = v.toInt();
-  if (a.try_read("best_val_loss", v) && v.isDouble()) ck.state.best_val_loss = v.toDouble();
-  if (a.try_read("epoch_loss_sum", v) && v.isDouble()) ck.state.epoch_loss_sum = v.toDouble();
-  a.try_read("data_rng_state", ck.state.data_rng_state);
-  a.try_read("torch_rng_state", ck.state.dropout_rng_state);
-  ck.parameter_names = split_lines(read_string(a, "model_parameter_names", path));
-  for (const auto& name : ck.parameter_names) {
-    torch::Tensor t;
-    TORCH_CHECK(a.try_read("model." + name, t), "checkpoint '", path, "' lacks the weights of '",
-                name, "'");
-    ck.model[name] = t;
-  }
-  torch::serialize::InputArchive opt;
-  if (a.try_read("optimizer", opt)) ck.optimizer_kind = read_string(a, "optimizer_kind", path);
-}
-
 /// Formats 1 and 2 -> today's names: a transformer's learned positions were registered
 /// as "positions" (the name sinusoidal positions had too), "learned_positions" since.
 void migrate_parameter_names(Checkpoint& ck) {
@@ -323,7 +274,7 @@ void read_payload(Checkpoint& ck, const std::string& payload) {
   TORCH_CHECK(ck.state.step >= 0, "checkpoint '", path, "' is damaged: step ", ck.state.step);
   TORCH_CHECK(ck.state.epoch_loss_steps >= -1 && ck.state.epoch_loss_steps <= ck.state.step, "checkpoint '", path,
               "' is damaged: its epoch mean covers ", ck.state.epoch_loss_steps, " steps of ", ck.state.step);
-  ck.parameter_names = split_lines(field("parameter_names"));
+  ck.parameter_names = internal::split_lines(field("parameter_names"));
   ck.optimizer_kind = field("optimizer_kind");
   if (meta.count("tokenizer")) ck.tokenizer_kind = field("tokenizer");
   for (const auto& [key, value] : meta)
@@ -442,7 +393,7 @@ uint32_t checkpoint_format_version(const std::string& path) {
   return version;
 }
 
-Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options) {
+Checkpoint read_checkpoint(const std::string& path) {
   const std::string bytes = internal::read_regular_file(path, "checkpoint");
   TORCH_CHECK(bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0,
               "'", internal::printable(path), "' is not a tinylm checkpoint (it does not start with TINYLMCK)");
@@ -464,11 +415,7 @@ Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options) 
   TORCH_CHECK(internal::crc32(bytes.data() + kHeaderSize, length) == get<uint32_t>(bytes, 24),
               "checkpoint '", path, "' is corrupt: its checksum does not match its contents");
   const std::string payload = bytes.substr(kHeaderSize);
-  TORCH_CHECK(ck.format_version != 1 || options.trust_legacy_archive, "checkpoint '", path,
-              "' is in format 1, a LibTorch archive: LibTorch's loader for those is safe for trusted files "
-              "only, so it is not read by default; convert a file you trust to today's format once "
-              "(read it with ReadOptions::trust_legacy_archive and save it again)");
-  if (ck.format_version == 1) read_legacy_payload(ck, payload);
+  if (ck.format_version == 1) internal::read_legacy_archive(ck, payload);
   else read_payload(ck, payload);
   if (ck.format_version < 3) {
     ck.architecture = internal::legacy_architecture(ck.recipe, path);
@@ -513,13 +460,8 @@ void load_optimizer_state(const Checkpoint& ck, Optimizer& optimizer) {
               ck.optimizer_kind, "' optimizer state, but this run uses '", optimizer.kind(),
               "': resume with the optimizer settings the checkpoint was trained with");
   try {
-    if (ck.legacy_archive) {
-      torch::serialize::InputArchive opt_archive;
-      TORCH_CHECK(ck.legacy_archive->try_read("optimizer", opt_archive), "no optimizer archive");
-      optimizer.load_legacy(opt_archive);
-    } else {
-      optimizer.load_state_dict(ck.optimizer);
-    }
+    optimizer.load_state_dict(ck.optimizer_groups.empty() ? ck.optimizer
+                                                          : optimizer.state_from_groups(ck.optimizer_groups));
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", ck.path, "': its optimizer state does not fit (",
                 e.what_without_backtrace(), "); resume with the optimizer it was trained with ('",

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -104,9 +105,27 @@ class TorchAdam final : public Optimizer {
     if (decoupled_) load_as<torch::optim::AdamWParamState>(state);
     else load_as<torch::optim::AdamParamState>(state);
   }
-  void load_legacy(torch::serialize::InputArchive& a) override {
-    if (decoupled_) load_legacy_as<torch::optim::AdamWParamState>(a);
-    else load_legacy_as<torch::optim::AdamParamState>(a);
+  /// Format 1 held LibTorch's own optimizer archive: per-parameter state filed under the
+  /// saving process's TensorImpl addresses, and each group's list of those addresses in
+  /// parameter order; here it is by position, named by this optimizer's groups.
+  TensorMap state_from_groups(const GroupedState& groups) const override {
+    const auto& ours = impl_->param_groups();
+    TORCH_CHECK(groups.size() == ours.size(), "the state has ", groups.size(), " parameter groups, this optimizer ",
+                ours.size());
+    TensorMap out;
+    for (size_t g = 0; g < ours.size(); ++g) {
+      const auto& params = ours[g].params();
+      TORCH_CHECK(groups[g].size() == params.size(), "parameter group ", g, " of the state has ", groups[g].size(),
+                  " parameters, this optimizer's ", params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto it = std::find_if(params_.begin(), params_.end(),
+                                     [&](const torch::Tensor& p) { return p.is_same(params[i]); });
+        TORCH_CHECK(it != params_.end(), "parameter group ", g, " holds a tensor the model does not");
+        const std::string& name = names_[static_cast<size_t>(it - params_.begin())];
+        for (const auto& [key, t] : groups[g][i]) out[name + "." + key] = t;
+      }
+    }
+    return out;
   }
   std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
   std::vector<torch::Tensor> gradients() const override {
@@ -163,51 +182,6 @@ class TorchAdam final : public Optimizer {
     }
     TORCH_CHECK(used == in.size(), "optimizer state holds ", in.size() - used,
                 " entries for parameters this model does not have");
-    auto& state = impl_->state();
-    state.clear();
-    for (auto& [key, s] : loaded) state[key] = std::move(s);
-  }
-
-  /// Format 1 held LibTorch's own optimizer archive: per-parameter state filed under the
-  /// saving process's TensorImpl addresses, and each group's list of those addresses in
-  /// parameter order. Read here, not through Optimizer::load, whose mapping from the old
-  /// addresses to this process's parameters differs between LibTorch 1.x and 2.x.
-  template <typename ParamState>
-  void load_legacy_as(torch::serialize::InputArchive& a) {
-    torch::serialize::InputArchive states, groups;
-    torch::Tensor n_groups;
-    TORCH_CHECK(a.try_read("state", states) && a.try_read("param_groups", groups) &&
-                    groups.try_read("param_groups/size", n_groups) && n_groups.numel() == 1,
-                "the optimizer archive is incomplete");
-    const auto& ours = impl_->param_groups();
-    TORCH_CHECK(n_groups.item<int64_t>() == static_cast<int64_t>(ours.size()), "the archive has ",
-                n_groups.item<int64_t>(), " parameter groups, this optimizer ", ours.size());
-    std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
-    for (size_t g = 0; g < ours.size(); ++g) {
-      torch::serialize::InputArchive group;
-      torch::Tensor size;
-      const auto& params = ours[g].params();
-      TORCH_CHECK(groups.try_read("param_groups/" + std::to_string(g), group) &&
-                      group.try_read("params/size", size) && size.numel() == 1 &&
-                      size.item<int64_t>() == static_cast<int64_t>(params.size()),
-                  "parameter group ", g, " of the archive does not match this optimizer's");
-      for (size_t i = 0; i < params.size(); ++i) {
-        c10::IValue old_key;
-        TORCH_CHECK(group.try_read("params/" + std::to_string(i), old_key) && old_key.isString(),
-                    "parameter group ", g, " of the archive lacks entry ", i);
-        torch::serialize::InputArchive saved;
-        if (!states.try_read(old_key.toStringRef(), saved)) continue;  // never updated
-        auto s = std::make_unique<ParamState>();
-        s->serialize(saved);
-        TORCH_CHECK(s->exp_avg().sizes() == params[i].sizes() &&
-                        s->exp_avg_sq().sizes() == params[i].sizes(),
-                    "the archive's state for a parameter of shape ", params[i].sizes(), " has shape ",
-                    s->exp_avg().sizes());
-        s->exp_avg(s->exp_avg().to(params[i].device()));
-        s->exp_avg_sq(s->exp_avg_sq().to(params[i].device()));
-        loaded.emplace_back(state_key<Key>(params[i]), std::move(s));
-      }
-    }
     auto& state = impl_->state();
     state.clear();
     for (auto& [key, s] : loaded) state[key] = std::move(s);
@@ -331,23 +305,10 @@ class FlatAdam final : public Optimizer {
     step_ = step;
   }
 
-  void load_legacy(torch::serialize::InputArchive& a) override {
-    c10::IValue layout, step;
-    TORCH_CHECK(a.try_read("layout", layout) && layout.isString() && a.try_read("step", step) &&
-                    step.isInt(),
-                "flat Adam state is incomplete");
-    TORCH_CHECK(layout.toStringRef() == layout_,
-                "flat Adam state was saved for other parameters (names or sizes differ)");
-    torch::Tensor m, v;
-    TORCH_CHECK(a.try_read("exp_avg", m) && a.try_read("exp_avg_sq", v) &&
-                    m.sizes() == exp_avg_.sizes() && v.sizes() == exp_avg_sq_.sizes(),
-                "flat Adam state has the wrong size");
-    torch::NoGradGuard no_grad;
-    exp_avg_.copy_(m);
-    exp_avg_sq_.copy_(v);
-    step_ = step.toInt();
+  TensorMap state_from_groups(const GroupedState&) const override {
+    TORCH_CHECK(false, "flat Adam keeps no parameter groups: its state is one flat buffer (load_state_dict)");
+    return {};
   }
-
   std::string kind() const override { return c_.decoupled ? "flat-adamw" : "flat-adam"; }
   std::vector<torch::Tensor> gradients() const override {
     check_in_place();

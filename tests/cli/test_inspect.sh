@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tinylm inspect: what a checkpoint holds, as text and as JSON, checked against the
-# fixtures (formats 1 to 3; format 1 after `tinylm upgrade`); --verify rebuilds the
-# model; bad files end with one line.
+# fixtures (formats 1 to 3; format 1 also after `tinylm upgrade`); --verify rebuilds the
+# model; bad files (damaged format-1 files given to upgrade too) end with one line.
 # usage: test_inspect.sh path/to/tinylm fixtures-dir scratch-dir
 set -u
 tinylm=$1; fixtures=$2; work=$3
@@ -21,8 +21,10 @@ refused() {  # refused NAME EXPECTED args...: one line naming the problem, non-z
 for ck in "$fixtures"/v*-step12.ckpt; do
   name=$(basename "$ck")
   if [ "${name#v1-}" != "$name" ]; then
-    # Format 1 (a LibTorch archive) is refused until the user, trusting it, upgrades it.
-    refused "$name untrusted" "tinylm upgrade $ck --out NEW.ckpt" "$ck"
+    # Format 1 (a LibTorch archive, read by tinylm's own reader) is inspected as it is,
+    # then upgraded, and the copy inspected in its place.
+    "$tinylm" inspect "$ck" --verify > "v1-$name.txt" 2>&1 || fail "inspect $name: status $?: $(cat "v1-$name.txt")"
+    grep -q "^checkpoint .*, format 1 (tinylm 0.1.0), checksum ok$" "v1-$name.txt" || fail "inspect $name: $(head -1 "v1-$name.txt")"
     "$tinylm" upgrade "$ck" --out "up-$name" > "up-$name.txt" 2>&1 || { fail "upgrade $name: status $?"; cat "up-$name.txt"; continue; }
     grep -q "^upgraded .* (format 1, step 12) to up-$name (format 3)$" "up-$name.txt" || fail "upgrade $name: $(cat "up-$name.txt")"
     out=$("$tinylm" upgrade "$ck" --out "up-$name" 2>&1) && fail "upgrade over an existing file exited 0"
@@ -95,6 +97,56 @@ if grep -q $'\x1b' escape.txt; then fail "escape: an escape sequence reached the
 elif ! grep -qF 'tinylm \x1B]0;title\x07\x1B[31mred' escape.txt || ! grep -qF '\x1B[2Jkey=\x1B[5mvalue' escape.txt; then
   fail "escape: the strings are not shown escaped: $(head -3 escape.txt)"
 else echo "ok   escape sequences in a file's strings are printed escaped"; fi
+# A damaged format-1 file (checksums recomputed, so tinylm's own checks must catch it):
+# `upgrade` ends with one line and writes nothing.
+/usr/bin/python3 - "$fixtures/v1-tiny-adam-step12.ckpt" <<'PY'
+import struct, sys, zlib
+good = open(sys.argv[1], "rb").read()
+def damaged(out, entry, edit, keep_crc=False):
+    p = bytearray(good[32:])
+    eocd = len(p) - 22
+    count, at = struct.unpack_from("<H", p, eocd + 10)[0], struct.unpack_from("<I", p, eocd + 16)[0]
+    for _ in range(count):
+        n, x, c = struct.unpack_from("<HHH", p, at + 28)
+        if p[at + 46:at + 46 + n].decode() == entry:
+            size, local = struct.unpack_from("<I", p, at + 24)[0], struct.unpack_from("<I", p, at + 42)[0]
+            data = local + 30 + sum(struct.unpack_from("<HH", p, local + 26))
+            body = bytearray(p[data:data + size])
+            edit(body)
+            p[data:data + size] = body
+            if not keep_crc:
+                struct.pack_into("<I", p, at + 16, zlib.crc32(body))
+                struct.pack_into("<I", p, local + 14, zlib.crc32(body))
+            break
+        at += 46 + n + x + c
+    h = bytearray(good[:32])
+    h[16:24] = struct.pack("<Q", len(p))
+    h[24:28] = struct.pack("<I", zlib.crc32(p))
+    open(out, "wb").write(bytes(h) + p)
+def short(b):  # lm_head.bias (the storage's last 64 floats) made 65 long
+    at = b.find(b"(K@t", b.find(b"model.lm_head.bias"))
+    b[at + 2] = ord("A")
+def opcode(b):
+    b[b.find(b"\x89")] = ord("I")
+def flip(b):
+    b[100] ^= 1
+damaged("v1-short-storage.ckpt", "archive/data.pkl", short)
+damaged("v1-opcode.ckpt", "archive/data.pkl", opcode)
+damaged("v1-bad-crc.ckpt", "archive/data/2", flip, keep_crc=True)
+PY
+for bad in v1-short-storage:"reaching past its storage '2'" v1-opcode:"uses opcode 0x49" \
+           v1-bad-crc:"the checksum of 'archive/data/2' does not match"; do
+  file=${bad%%:*}.ckpt expected=${bad#*:}
+  before=$(ls | sort)
+  out=$("$tinylm" upgrade "$file" --out "up-$file" 2>&1); status=$?
+  after=$(ls | sort)
+  if [ "$status" -eq 0 ]; then fail "upgrade $file: exited 0"
+  elif ! grep -qF -- "$expected" <<<"$out"; then fail "upgrade $file: no '$expected' in: $out"
+  elif [ "$(grep -c . <<<"$out")" -ne 1 ]; then fail "upgrade $file: not one line: $out"
+  elif [ "$before" != "$after" ]; then fail "upgrade $file: wrote $(comm -13 <(echo "$before") <(echo "$after"))"
+  else echo "ok   upgrade $file: nothing written: $out"; fi
+done
+
 refused "missing" "missing.ckpt" missing.ckpt
 refused "not a regular file" "/dev/null" /dev/null
 

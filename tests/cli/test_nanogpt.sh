@@ -142,7 +142,7 @@ refused "short storage" "entry has" import short.pt --out short.ckpt
 refused "empty stack" "takes a value from an empty stack" import stack.pt --out st.ckpt
 refused "bad memo" "recalls a value it never stored" import memo.pt --out mm.ckpt
 refused "cut pickle" "is cut short" import cut.pt --out cut.ckpt
-refused "compressed entries" "is compressed; torch.save stores entries uncompressed" import deflated.pt --out z.ckpt
+refused "compressed entries" "is compressed; torch.save and LibTorch store it uncompressed" import deflated.pt --out z.ckpt
 refused "no end record" "has no end record" import noend.pt --out ne.ckpt
 echo "not a pickle" > text.pt
 refused "missing key" "has no 'transformer.h.1.mlp.c_fc.weight'" import missing.pt --out m.ckpt

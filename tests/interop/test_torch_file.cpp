@@ -1,12 +1,22 @@
-// src/interop/torch_file.cpp: torch.save files read with every extent checked.
+// src/internal/torch_file.cpp: torch.save files read with every extent checked.
 #include "../test_util.h"
 
 #include <tinylm/interop.h>
 
-#include "interop/torch_file.h"
+#include "internal/torch_file.h"
 
 #include <ATen/core/Dict.h>
 #include <torch/torch.h>
+
+#include <malloc.h>
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/allocator_interface.h>
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/allocator_interface.h>
+#endif
 
 #include <functional>
 #include <random>
@@ -130,4 +140,91 @@ TEST_CASE("TorchFile refuses damaged files with one line and survives mutants", 
   });
   CHECK_THAT(error_message([&] { TorchFile(evil, "evil.pt"); }),
              Catch::Contains("names the Python global 'posix.system', which tinylm never runs"));
+}
+
+namespace torch_file_test {
+
+/// Heap bytes in use now: the sanitizer allocator's count, or glibc's.
+size_t heap_in_use() {
+#if defined(__SANITIZE_ADDRESS__)
+  return __sanitizer_get_current_allocated_bytes();
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  const auto m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+#endif
+#else
+  const auto m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+#endif
+}
+
+/// A torch.save archive whose pickle is `pickle`.
+std::string with_pickle(const std::string& pickle) {
+  return archive(sample_value(), [&](std::vector<char>& p) { p.assign(pickle.begin(), pickle.end()); });
+}
+
+/// Pickles built to grow memory: `n` repeats of `unit` between a MARK and a TUPLE.
+std::string growing(const std::string& unit, size_t n) {
+  std::string p = "\x80\x02(";
+  if (unit[0] == '2') p += "]";  // DUP needs something to duplicate
+  for (size_t i = 0; i < n; ++i) p += unit;
+  return p + "t.";
+}
+
+}  // namespace torch_file_test
+
+TEST_CASE("a pickle's memory is bounded by a small multiple of its size", "[interop][errors]") {
+  using tinylm::internal::kPickleMemoryFloor;
+  using tinylm::internal::kPickleMemoryPerByte;
+  struct Shape {
+    const char* name;
+    std::string unit;
+    bool over_the_bound;  // takes more than kPickleMemoryPerByte bytes a byte
+  };
+  // New lists or dicts remembered in the memo, short strings, the stack grown by DUP,
+  // dicts filled with recalled values: each kept on the stack until one tuple takes them.
+  const Shape shape = GENERATE(Shape{"lists in the memo", "]\x94", true}, Shape{"dicts in the memo", "}\x94", true},
+                               Shape{"strings", "\x8c\x01x", true}, Shape{"the stack, by DUP", "2", false},
+                               Shape{"dict items", std::string("}\x94h\0h\0s", 7), false});
+  INFO(shape.name);
+  auto parse = [](const std::string& pickle, const char* name) {
+    std::string file = torch_file_test::with_pickle(pickle);
+    const size_t before = torch_file_test::heap_in_use();
+    const TorchFile parsed(std::move(file), name);
+    const size_t held = torch_file_test::heap_in_use() - before;
+    INFO("pickle " << pickle.size() << " bytes, held " << held << ", charged " << parsed.pickle_memory());
+    // The charge bounds what the parse really holds, and the charge is bounded.
+    CHECK(held <= parsed.pickle_memory());
+    CHECK(parsed.pickle_memory() <= kPickleMemoryFloor + kPickleMemoryPerByte * pickle.size());
+    REQUIRE(parsed.root().kind == PyValue::Kind::tuple);
+    return parsed.root().items.size();
+  };
+  CHECK(parse(torch_file_test::growing(shape.unit, 40000), "grow.pt") >= 40000);
+  // 4 MiB of it: the bound is 16 MiB + 64 bytes a byte (272 MiB). Shapes that take more
+  // are refused on reaching it, in one line naming the file, long before the gigabytes
+  // they would take; the others parse within it.
+  const size_t n = (4u << 20) / shape.unit.size();
+  const std::string big = torch_file_test::growing(shape.unit, n);
+  if (shape.over_the_bound) {
+    const std::string message = error_message([&] { TorchFile(torch_file_test::with_pickle(big), "big.pt"); });
+    CHECK_THAT(message, Catch::Contains("'big.pt' is damaged or hostile: its 4.00 MiB pickle needs more than 272"));
+    CHECK(message.find('\n') == std::string::npos);
+  } else {
+    CHECK(parse(big, "big.pt") >= n);
+  }
+}
+
+TEST_CASE("a large real state dict fits the pickle memory bound without its floor", "[interop]") {
+  // 3,000 small tensors: a pickle of tensor records, the densest in values a real file has.
+  c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+  for (int i = 0; i < 3000; ++i) model.insert("layer." + std::to_string(i) + ".weight", torch::ones({2, 3}));
+  size_t pickle_size = 0;
+  const std::string bytes = torch_file_test::archive(model, [&](std::vector<char>& p) { pickle_size = p.size(); });
+  const TorchFile file(bytes, "large.pt");
+  CHECK(file.root().entries.size() == 3000);
+  INFO("pickle " << pickle_size << " bytes, charged " << file.pickle_memory());
+  CHECK(file.pickle_memory() < tinylm::internal::kPickleMemoryPerByte * pickle_size);
 }

@@ -1,7 +1,7 @@
 // src/train/checkpoint.cpp: round trips, earlier formats, and damaged files refused.
 #include "../test_util.h"
 
-#include "internal/crc32.h"
+#include "checkpoint_files.h"
 
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/nn/model.h>
@@ -28,6 +28,7 @@ using tinylm::test::error_message;
 using tinylm::test::read_file;
 using tinylm::test::scratch_dir;
 using tinylm::test::write_file;
+using tinylm::test::with_header;
 
 namespace fs = std::filesystem;
 
@@ -198,15 +199,8 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
               {3.5186946392059326, 3.5339415073394775, 3.528031349182129, 3.3532612323760986}});
   INFO(f.file);
   const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
-  // Format 1 (a LibTorch archive) is read only when the caller trusts the file.
   CHECK(checkpoint_format_version(path) == f.format);
-  if (f.format == 1)
-    CHECK_THAT(error_message([&] { read_checkpoint(path); }),
-               Catch::Contains("is in format 1, a LibTorch archive: LibTorch's loader for those is safe for "
-                               "trusted files only"));
-  ReadOptions trusted;
-  trusted.trust_legacy_archive = true;
-  auto ck = read_checkpoint(path, trusted);
+  auto ck = read_checkpoint(path);
   CHECK(ck.format_version == f.format);
   CHECK(ck.state.step == 12);
 
@@ -238,16 +232,6 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
 // ---- untrusted files -------------------------------------------------------------------
 
 namespace {
-
-/// The file with `payload` behind a header whose length and CRC are recomputed, so the
-/// reader's own checks, not the checksum, must catch what is wrong.
-std::string with_header(const std::string& good, const std::string& payload) {
-  std::string out = good.substr(0, 32) + payload;
-  for (int i = 0; i < 8; ++i) out[16 + i] = static_cast<char>((payload.size() >> (8 * i)) & 0xFF);
-  const uint32_t crc = internal::crc32(payload.data(), payload.size());
-  for (int i = 0; i < 4; ++i) out[24 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
-  return out;
-}
 
 /// The length of a payload's JSON index (its first 8 bytes, little-endian).
 uint64_t index_length(const std::string& payload) {

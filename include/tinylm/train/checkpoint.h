@@ -30,9 +30,11 @@
 //   later tinylm may add them without breaking this one.
 // Format 2 (read): the same layout, with the run config (TOML) instead of "model" and
 //   "recipe"; the architecture is derived from the config, read leniently.
-// Format 1 (read when trusted): a LibTorch archive. LibTorch's loader compiles the
-//   TorchScript inside it and was not written for hostile input, so a format-1 file is
-//   read only when the caller says it is trusted (ReadOptions).
+// Format 1 (read): a LibTorch archive (torch::serialize::OutputArchive, a TorchScript
+//   module in a zip), with the run config instead of "model" and "recipe". It is read by
+//   tinylm's own checked zip and pickle reader, never LibTorch's loader (which compiles the
+//   TorchScript inside and was not written for hostile input): every extent, CRC and
+//   storage size is checked, module objects are read as values, the code never.
 // Formats 1 and 2 are migrated on reading (a transformer's "positions.*" parameters are
 // "learned_positions.*" since format 3); resuming from one writes format 3 from then on.
 // Files are written to a temporary name, fsync'ed, then renamed over the target, so a
@@ -44,7 +46,6 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 
-#include <torch/serialize/input-archive.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -80,11 +81,12 @@ struct Checkpoint {
   std::vector<std::string> parameter_names;  // in the model's order
   TensorMap model;                    // parameter name -> weights (CPU)
   std::string optimizer_kind;         // Optimizer::kind(); empty when none was saved
-  TensorMap optimizer;                // the optimizer's own state (formats 2 and 3)
+  TensorMap optimizer;                // the optimizer's own state (state_dict())
+  /// Format 1, LibTorch's optimizers: their state by parameter group, for
+  /// Optimizer::state_from_groups() (flat Adam's is in `optimizer`).
+  GroupedState optimizer_groups;
   std::string tokenizer_kind;         // empty when the writer saved none
   std::string tokenizer_model;        // Tokenizer::model_bytes()
-  /// Format 1 only: the LibTorch archive its optimizer state is read from.
-  std::shared_ptr<torch::serialize::InputArchive> legacy_archive;
 };
 
 /// Writes atomically (temporary file, fsync, rename, fsync of the directory). Refuses,
@@ -98,20 +100,12 @@ void save_checkpoint(const std::string& path, nn::LanguageModelImpl& model,
 /// tinylm, or without one).
 std::shared_ptr<const data::Tokenizer> checkpoint_tokenizer(const Checkpoint& checkpoint);
 
-/// How read_checkpoint() treats files of older formats.
-struct ReadOptions {
-  /// Format 1 files are LibTorch archives, read by LibTorch's own loader, which is safe
-  /// for trusted files only (it was not written for hostile input). They are refused
-  /// unless this is set: set it to convert a file you trust, once, to today's format.
-  bool trust_legacy_archive = false;
-};
-
 /// Reads and checks a checkpoint: a missing, foreign, truncated, corrupt, damaged or
 /// newer-format file, or anything that is not a regular file, is refused with an error
 /// naming the file and the problem. Older formats are migrated (see above). The model
 /// architecture is checked against the stored weights (its parameter count) here, so a
 /// damaged architecture is refused before any model is built from it.
-Checkpoint read_checkpoint(const std::string& path, const ReadOptions& options = {});
+Checkpoint read_checkpoint(const std::string& path);
 
 /// The format version in a checkpoint's header, reading nothing else; 0 when `path`
 /// cannot be read or does not start like a tinylm checkpoint (read_checkpoint says why).

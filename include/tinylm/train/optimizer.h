@@ -3,7 +3,6 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/serialize/input-archive.h>
 #include <torch/types.h>
 
 #include <map>
@@ -16,6 +15,11 @@ namespace tinylm::train {
 
 /// Named tensors: what an optimizer saves, and the data part of a checkpoint.
 using TensorMap = std::map<std::string, torch::Tensor>;
+
+/// Per-parameter state filed by position, as LibTorch's optimizer archives (format-1
+/// checkpoints) kept it: groups[g][i] is the state of parameter group g's i-th parameter
+/// ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), empty where no update had touched it.
+using GroupedState = std::vector<std::vector<TensorMap>>;
 
 /// The parameters AdamW decays.
 enum class DecayedParameters {
@@ -59,8 +63,10 @@ class Optimizer {
   /// Restores what state_dict() returned; refuses state that does not fit the model
   /// (missing or unknown entries, other shapes or dtypes).
   virtual void load_state_dict(const TensorMap& state) = 0;
-  /// Restores the state from a format-1 checkpoint's LibTorch archive.
-  virtual void load_legacy(torch::serialize::InputArchive& archive) = 0;
+  /// State filed by parameter group position (format 1) in state_dict()'s layout, for
+  /// load_state_dict(); refuses groups that do not match this optimizer's (optimizers
+  /// without groups refuse all).
+  virtual TensorMap state_from_groups(const GroupedState& groups) const = 0;
   /// The gradients step() reads, as few tensors as it keeps them in (the flat optimizer:
   /// one): what data-parallel training averages across processes.
   virtual std::vector<torch::Tensor> gradients() const = 0;

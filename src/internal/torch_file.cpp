@@ -1,9 +1,10 @@
 // A checked reader for torch.save files: see torch_file.h.
 // Over 400 lines on purpose: a zip reader and a pickle machine for one untrusted format,
 // checked together.
-#include "interop/torch_file.h"
+#include "internal/torch_file.h"
 
 #include "internal/crc32.h"
+#include "internal/machine.h"
 #include "internal/text.h"
 
 #include <c10/util/Exception.h>
@@ -12,7 +13,8 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <unordered_map>
+#include <new>
+#include <tuple>
 
 namespace tinylm::internal {
 
@@ -35,12 +37,13 @@ const char* PyValue::kind_name() const {
     case Kind::dict: return "dict";
     case Kind::tensor: return "tensor";
     case Kind::global: return "global";
+    case Kind::object: return "object";
   }
   return "value";
 }
 
 const PyValue* PyValue::find(std::string_view key) const {
-  if (kind != Kind::dict) return nullptr;
+  if (kind != Kind::dict && kind != Kind::object) return nullptr;
   const PyValue* found = nullptr;
   for (const auto& [k, v] : entries)
     if (k->kind == Kind::string && k->text == key) found = v.get();  // the last one, as in Python
@@ -77,7 +80,8 @@ constexpr int kMaxDims = 16;
 
 }  // namespace
 
-TorchFile::TorchFile(std::string bytes, std::string path) : bytes_(std::move(bytes)), path_(std::move(path)) {
+TorchFile::TorchFile(std::string bytes, std::string path, Format format)
+    : bytes_(std::move(bytes)), path_(std::move(path)), format_(format) {
   read_zip();
   const Entry* pickle = entry(prefix_ + "data.pkl");
   TORCH_CHECK(pickle, "'", printable(path_), "' is not a file Python's torch.save wrote: it has no data.pkl");
@@ -86,8 +90,13 @@ TorchFile::TorchFile(std::string bytes, std::string path) : bytes_(std::move(byt
                 "' was written on a big-endian machine: tinylm reads little-endian files only");
   try {
     unpickle(std::string_view(bytes_).substr(pickle->offset, pickle->size));
-  } catch (...) {
+  } catch (const std::bad_alloc&) {
     break_cycles();  // no destructor runs for a constructor that throws
+    TORCH_CHECK(false, "'", printable(path_), "' could not be read: the machine ran out of memory for its ",
+                human_bytes(pickle->size), " pickle (", human_bytes(pickle_memory_),
+                " taken so far); free memory and try again");
+  } catch (...) {
+    break_cycles();
     throw;
   }
 }
@@ -103,23 +112,30 @@ void TorchFile::break_cycles() {
 }
 
 const TorchFile::Entry* TorchFile::entry(const std::string& name) const {
-  for (const auto& [n, e] : entries_)
-    if (n == name) return &e;
+  for (const auto& [n, e] : entries_) {
+    if (n != name) continue;
+    TORCH_CHECK(e.stored, "'", printable(path_), "': '", printable(name),
+                "' is compressed; torch.save and LibTorch store it uncompressed");
+    return &e;
+  }
   return nullptr;
 }
 
 // ---- the zip archive ---------------------------------------------------------------
 // End of central directory (EOCD), its zip64 twin where a field overflows, then one
 // central-directory record per entry, each pointing at a local header before the data.
-// Every offset and size is checked against the file; entries must be stored (method 0),
-// unencrypted, and match their CRC-32.
+// Every offset and size is checked against the file; entries must be unencrypted. Those
+// read (the pickle, the storages) must be stored (method 0) and match their CRC-32; a
+// LibTorch archive's TorchScript code is compressed, and never read.
 
 void TorchFile::read_zip() {
   const std::string where = "'" + printable(path_) + "'";
   const uint64_t n = bytes_.size();
   TORCH_CHECK(n >= 22 && bytes_.compare(0, 4, "PK\x03\x04") == 0, where,
-              " is not a file Python's torch.save wrote (not its zip format; PyTorch before 1.6 wrote "
-              "another: load it and save it again with a newer PyTorch)");
+              format_ == Format::libtorch_archive
+                  ? " is damaged: its format-1 payload is not a zip archive"
+                  : " is not a file Python's torch.save wrote (not its zip format; PyTorch before 1.6 wrote "
+                    "another: load it and save it again with a newer PyTorch)");
   uint64_t eocd = n;
   for (uint64_t at = n - 22 + 1; at-- > 0 && n - at <= 22 + 65535;) {
     if (le(bytes_, at, 4) == 0x06054b50 && at + 22 + le(bytes_, at + 20, 2) == n) {
@@ -175,16 +191,17 @@ void TorchFile::read_zip() {
       x += 4 + len;
     }
     TORCH_CHECK(!(flags & 1), where, ": '", printable(name), "' is encrypted");
-    TORCH_CHECK(method == 0 && csize == usize, where, ": '", printable(name),
-                "' is compressed; torch.save stores entries uncompressed");
+    const bool stored = method == 0;
+    TORCH_CHECK(!stored || csize == usize, where, " is damaged: '", printable(name), "' is stored with ", csize,
+                " bytes for ", usize);
     TORCH_CHECK(local <= n && n - local >= 30 && le(bytes_, local, 4) == 0x04034b50, where,
                 " is damaged: the data of '", printable(name), "' is not where the zip directory says");
     const uint64_t data = local + 30 + le(bytes_, local + 26, 2) + le(bytes_, local + 28, 2);
-    TORCH_CHECK(data <= n && usize <= n - data, where, " is damaged: '", printable(name), "' (", usize,
+    TORCH_CHECK(data <= n && csize <= n - data, where, " is damaged: '", printable(name), "' (", csize,
                 " bytes at ", data, ") runs past the end of the file (", n, " bytes)");
-    TORCH_CHECK(crc32(bytes_.data() + data, usize) == crc, where, " is corrupt: the checksum of '",
+    TORCH_CHECK(!stored || crc32(bytes_.data() + data, usize) == crc, where, " is corrupt: the checksum of '",
                 printable(name), "' does not match its contents");
-    entries_.push_back({std::move(name), {data, usize}});
+    entries_.push_back({std::move(name), {data, csize, stored}});
     at += 46 + name_len + extra_len + comment_len;
   }
   // The archive's folder: the one holding data.pkl at its top.
@@ -198,19 +215,66 @@ void TorchFile::read_zip() {
 }
 
 // ---- the pickle --------------------------------------------------------------------
+// Memory: every value made, string held, container slot, stack, mark and memo slot is
+// charged (sizes with their allocator's and shared_ptr's overhead, growing vectors at
+// twice their length), and the pickle is refused once the charge passes its bound.
+
+namespace {
+
+/// A module class of a LibTorch archive: `__torch__.Module` or
+/// `__torch__.___torch_mangle_<n>.Module`.
+bool is_module_class(const std::string& module, const std::string& name) {
+  if (name != "Module") return false;
+  if (module == "__torch__") return true;
+  const std::string mangle = "__torch__.___torch_mangle_";
+  if (module.compare(0, mangle.size(), mangle) != 0 || module.size() == mangle.size() || module.size() > mangle.size() + 9)
+    return false;
+  for (size_t i = mangle.size(); i < module.size(); ++i)
+    if (module[i] < '0' || module[i] > '9') return false;
+  return true;
+}
+
+constexpr uint64_t kValueCost = sizeof(PyValue) + 64;    // + control block, made_ slot, malloc
+constexpr uint64_t kSlotCost = 2 * sizeof(std::shared_ptr<PyValue>);  // a vector slot, doubled
+
+}  // namespace
 
 void TorchFile::unpickle(std::string_view p) {
   const std::string where = "'" + printable(path_) + "'";
   using Ref = std::shared_ptr<PyValue>;
   using Kind = PyValue::Kind;
+  const bool archive = format_ == Format::libtorch_archive;
   std::vector<Ref> stack;
   std::vector<size_t> marks;
-  std::unordered_map<uint64_t, Ref> memo;
+  std::vector<Ref> memo;                // indexes are given in order: 0, 1, 2, ...
   std::map<std::string, Ref> storages;  // by key: one storage, however often it is named
-  std::map<std::string, Ref> views;     // by storage key: the one view it may have
+  // By storage key: its distinct views, and the elements they hold together.
+  using View = std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>;
+  std::map<std::string, std::pair<std::map<View, Ref>, int64_t>> views;
   size_t at = 0;
   auto fail = [&](const std::string& what) {
-    TORCH_CHECK(false, where, " is damaged or not a state dict: its pickle ", what, " (at byte ", at, ")");
+    TORCH_CHECK(false, where, " is damaged or not ", archive ? "a tinylm format-1 checkpoint" : "a state dict",
+                ": its pickle ", what, " (at byte ", at, ")");
+  };
+  // The bound: kPickleMemoryFloor + kPickleMemoryPerByte per byte, or what the machine has.
+  const uint64_t bound = kPickleMemoryFloor + kPickleMemoryPerByte * p.size();
+  const uint64_t available = available_memory_bytes();
+  const uint64_t limit = available != 0 && available < bound ? available : bound;
+  auto charge = [&](uint64_t bytes) {
+    pickle_memory_ += bytes;
+    if (pickle_memory_ <= limit) return;
+    TORCH_CHECK(false, where, " is damaged or hostile: its ", human_bytes(static_cast<double>(p.size())),
+                " pickle needs more than ", human_bytes(static_cast<double>(limit)), " of memory to read (",
+                limit == bound ? "tinylm's bound: 16 MiB + 64 bytes per pickle byte" : "what this machine has left",
+                "), at byte ", at);
+  };
+  size_t stack_high = 0, marks_high = 0;
+  auto push = [&](Ref v) {
+    stack.push_back(std::move(v));
+    if (stack.size() > stack_high) {
+      charge(kSlotCost * (stack.size() - stack_high));
+      stack_high = stack.size();
+    }
   };
   auto need = [&](size_t k) {
     if (p.size() - at < k) fail("is cut short");
@@ -224,10 +288,23 @@ void TorchFile::unpickle(std::string_view p) {
     for (int i = 0; i < k; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(d[i])) << (8 * i);
     return v;
   };
-  auto make = [this](Kind kind) {
+  auto make = [&](Kind kind) {
+    charge(kValueCost);
     auto v = std::make_shared<PyValue>();
     v->kind = kind;
     made_.push_back(v);
+    return v;
+  };
+  // Immutable values a pickle writes often (None, booleans, the empty tuple, ints 0..255)
+  // are made once and shared.
+  std::map<std::pair<Kind, int64_t>, Ref> shared;
+  auto constant = [&](Kind kind, int64_t value) {
+    auto& v = shared[{kind, value}];
+    if (!v) {
+      v = make(kind);
+      v->boolean = value != 0;
+      v->integer = value;
+    }
     return v;
   };
   auto pop = [&]() {
@@ -239,6 +316,7 @@ void TorchFile::unpickle(std::string_view p) {
   auto pop_mark = [&]() {
     if (marks.empty()) fail("has no MARK where one is needed");
     std::vector<Ref> items(stack.begin() + static_cast<std::ptrdiff_t>(marks.back()), stack.end());
+    charge(kSlotCost * items.size());
     stack.resize(marks.back());
     marks.pop_back();
     return items;
@@ -261,6 +339,7 @@ void TorchFile::unpickle(std::string_view p) {
   };
   auto set_item = [&](const Ref& dict, Ref key, Ref value) {
     if (dict->kind != Kind::dict) fail(std::string("sets an item of a ") + dict->kind_name());
+    charge(2 * kSlotCost);
     dict->entries.emplace_back(std::move(key), std::move(value));
   };
   // Everything the pickle calls: a fixed list, matched by name.
@@ -282,6 +361,7 @@ void TorchFile::unpickle(std::string_view p) {
       fail("rebuilds a tensor from arguments it does not take");
     const TensorRecord& storage = *a[0]->tensor;
     auto record = std::make_shared<TensorRecord>(storage);
+    charge(sizeof(TensorRecord) + 64 + 2 * kMaxDims * sizeof(int64_t));
     record->offset = a[1]->integer;
     record->sizes = integers(a[2], "sizes");
     record->strides = integers(a[3], "strides");
@@ -300,15 +380,20 @@ void TorchFile::unpickle(std::string_view p) {
     if (numel > 0 && (record->offset < 0 || last >= storage.storage_numel || numel > storage.storage_numel))
       fail("describes a tensor reaching past its storage '" + printable(storage.storage_key) + "' (" +
            std::to_string(storage.storage_numel) + " elements)");
-    // Two tensors on one storage: only the same view twice (a tied weight).
-    auto& seen = views[storage.storage_key];
-    if (seen && (seen->tensor->offset != record->offset || seen->tensor->sizes != record->sizes ||
-                 seen->tensor->strides != record->strides))
-      fail("makes two different tensors share storage '" + printable(storage.storage_key) + "'");
-    auto out = make(Kind::tensor);
-    out->tensor = record;
-    if (!seen) seen = out;
-    return out;
+    // Views of one storage: the same view again is the same tensor (a tied weight);
+    // distinct views together may hold no more elements than the storage (a LibTorch
+    // archive's flat buffer cut into parameters), so reading them all costs at most the
+    // storage again.
+    auto& [distinct, total] = views[storage.storage_key];
+    auto& seen = distinct[View{record->offset, record->sizes, record->strides}];
+    if (seen) return seen;
+    total += static_cast<int64_t>(numel);
+    if (total > storage.storage_numel)
+      fail("makes tensors holding " + std::to_string(total) + " elements in all from storage '" +
+           printable(storage.storage_key) + "' of " + std::to_string(storage.storage_numel));
+    seen = make(Kind::tensor);
+    seen->tensor = record;
+    return seen;
   };
   auto storage_of = [&](const Ref& pid) -> Ref {
     // ('storage', torch.<Type>Storage, key, location, numel)
@@ -325,6 +410,7 @@ void TorchFile::unpickle(std::string_view p) {
         fail("names storage '" + printable(key) + "' twice with different types or sizes");
       return known;
     }
+    charge(kValueCost + key.size());
     const Entry* e = entry(prefix_ + "data/" + key);
     if (!e) fail("names storage '" + printable(key) + "', which the archive does not hold");
     const int64_t numel = t[4]->integer;
@@ -350,19 +436,22 @@ void TorchFile::unpickle(std::string_view p) {
   auto global = [&](const std::string& module, const std::string& name) {
     const std::string full = module + "." + name;
     const bool allowed = full == "collections.OrderedDict" || full == "torch._utils._rebuild_tensor_v2" ||
-                         full == "torch._utils._rebuild_parameter" || (module == "torch" && storage_type(full));
+                         full == "torch._utils._rebuild_parameter" || (module == "torch" && storage_type(full)) ||
+                         (archive && is_module_class(module, name));
     TORCH_CHECK(allowed, where, ": its pickle names the Python global '", printable(full),
                 "', which tinylm never runs: it reads numbers, strings, lists, tuples, dicts and tensors, as "
                 "torch.load(weights_only=True) does (save a state dict of tensors)");
     auto v = make(Kind::global);
+    charge(full.size());
     v->text = full;
-    stack.push_back(v);
+    push(v);
   };
   auto string_value = [&](Kind kind, uint64_t length) {
     const char* d = need(length);
     auto v = make(kind);
+    charge(length);
     v->text.assign(d, length);
-    stack.push_back(v);
+    push(v);
   };
 
   for (;;) {
@@ -374,21 +463,23 @@ void TorchFile::unpickle(std::string_view p) {
         if (stack.size() != 1 || !marks.empty()) fail("stops with " + std::to_string(stack.size()) + " values on its stack");
         root_ = stack.back();
         return;
-      case '(': marks.push_back(stack.size()); break;              // MARK
-      case '}': stack.push_back(make(Kind::dict)); break;          // EMPTY_DICT
-      case ']': stack.push_back(make(Kind::list)); break;          // EMPTY_LIST
-      case ')': stack.push_back(make(Kind::tuple)); break;         // EMPTY_TUPLE
-      case 'N': stack.push_back(make(Kind::none)); break;          // NONE
-      case 0x88: case 0x89: {                                      // NEWTRUE, NEWFALSE
-        auto v = make(Kind::boolean);
-        v->boolean = op == 0x88;
-        stack.push_back(v);
+      case '(':                                                    // MARK
+        marks.push_back(stack.size());
+        if (marks.size() > marks_high) {
+          charge(2 * sizeof(size_t));
+          marks_high = marks.size();
+        }
         break;
-      }
-      case 'J': case 'K': case 'M': {                              // BININT, BININT1, BININT2
+      case '}': push(make(Kind::dict)); break;                     // EMPTY_DICT
+      case ']': push(make(Kind::list)); break;                     // EMPTY_LIST
+      case ')': push(constant(Kind::tuple, 0)); break;             // EMPTY_TUPLE
+      case 'N': push(constant(Kind::none, 0)); break;              // NONE
+      case 0x88: case 0x89: push(constant(Kind::boolean, op == 0x88)); break;  // NEWTRUE, NEWFALSE
+      case 'K': push(constant(Kind::integer, static_cast<int64_t>(uint(1)))); break;  // BININT1
+      case 'J': case 'M': {                                        // BININT, BININT2
         auto v = make(Kind::integer);
-        v->integer = op == 'J' ? static_cast<int32_t>(uint(4)) : static_cast<int64_t>(uint(op == 'K' ? 1 : 2));
-        stack.push_back(v);
+        v->integer = op == 'J' ? static_cast<int32_t>(uint(4)) : static_cast<int64_t>(uint(2));
+        push(v);
         break;
       }
       case 0x8a: {                                                 // LONG1
@@ -398,7 +489,7 @@ void TorchFile::unpickle(std::string_view p) {
         if (k > 0 && k < 8 && (raw >> (8 * k - 1)) & 1) raw |= ~uint64_t{0} << (8 * k);  // sign-extend
         auto v = make(Kind::integer);
         v->integer = static_cast<int64_t>(raw);
-        stack.push_back(v);
+        push(v);
         break;
       }
       case 'G': {                                                  // BINFLOAT, big-endian
@@ -407,7 +498,7 @@ void TorchFile::unpickle(std::string_view p) {
         for (int i = 0; i < 8; ++i) raw = raw << 8 | static_cast<unsigned char>(d[i]);
         auto v = make(Kind::real);
         std::memcpy(&v->real, &raw, 8);
-        stack.push_back(v);
+        push(v);
         break;
       }
       case 'X': string_value(Kind::string, uint(4)); break;        // BINUNICODE
@@ -426,33 +517,44 @@ void TorchFile::unpickle(std::string_view p) {
         break;
       }
       case 'q': case 'r': case 0x94: {                             // BINPUT, LONG_BINPUT, MEMOIZE
+        // Python's pickler and LibTorch's number memo entries 0, 1, 2, ...: an index past
+        // the next one would leave a gap to allocate.
         const uint64_t index = op == 'q' ? uint(1) : op == 'r' ? uint(4) : memo.size();
-        memo[index] = top();
+        if (index > memo.size()) fail("stores memo entry " + std::to_string(index) + " before entry " + std::to_string(memo.size()));
+        if (index == memo.size()) {
+          charge(kSlotCost);
+          memo.push_back(top());
+        } else {
+          memo[index] = top();
+        }
         break;
       }
       case 'h': case 'j': {                                        // BINGET, LONG_BINGET
-        auto it = memo.find(uint(op == 'h' ? 1 : 4));
-        if (it == memo.end()) fail("recalls a value it never stored");
-        stack.push_back(it->second);
+        const uint64_t index = uint(op == 'h' ? 1 : 4);
+        if (index >= memo.size()) fail("recalls a value it never stored");
+        push(memo[index]);
         break;
       }
       case 't': {                                                  // TUPLE
+        auto items = pop_mark();
         auto v = make(Kind::tuple);
-        v->items = pop_mark();
-        stack.push_back(v);
+        v->items = std::move(items);
+        push(v);
         break;
       }
       case 0x85: case 0x86: case 0x87: {                           // TUPLE1, TUPLE2, TUPLE3
         auto v = make(Kind::tuple);
+        charge(kSlotCost * (op - 0x84));
         v->items.resize(op - 0x84);
         for (size_t i = v->items.size(); i-- > 0;) v->items[i] = pop();
-        stack.push_back(v);
+        push(v);
         break;
       }
       case 'a': {                                                  // APPEND
         auto value = pop();
         auto& list = top();
         if (list->kind != Kind::list) fail(std::string("appends to a ") + list->kind_name());
+        charge(kSlotCost);
         list->items.push_back(value);
         break;
       }
@@ -475,24 +577,41 @@ void TorchFile::unpickle(std::string_view p) {
         for (size_t i = 0; i < items.size(); i += 2) set_item(dict, items[i], items[i + 1]);
         break;
       }
-      case 'Q': stack.push_back(storage_of(pop())); break;         // BINPERSID
+      case 'Q': push(storage_of(pop())); break;                    // BINPERSID
       case 'R': {                                                  // REDUCE
         auto args = pop(), callable = pop();
-        stack.push_back(call(callable, args));
+        push(call(callable, args));
         break;
       }
-      case 'b': {                                                  // BUILD: an OrderedDict's attributes
+      case 0x81: {                                                 // NEWOBJ: a LibTorch module
+        auto args = pop(), cls = pop();
+        if (!archive || cls->kind != Kind::global || cls->text.rfind("__torch__", 0) != 0)
+          fail(std::string("makes an object of a ") + cls->kind_name());
+        if (args->kind != Kind::tuple || !args->items.empty()) fail("makes a module object from arguments");
+        auto v = make(Kind::object);
+        v->text = cls->text;
+        push(v);
+        break;
+      }
+      case 'b': {                                                  // BUILD
         auto state = pop();
-        if (top()->kind != Kind::dict || (state->kind != Kind::dict && state->kind != Kind::none))
-          fail(std::string("sets the state of a ") + top()->kind_name());
+        auto& target = top();
+        if (target->kind == Kind::object && state->kind == Kind::dict) {  // a module's attributes
+          charge(2 * kSlotCost * state->entries.size());
+          target->entries.insert(target->entries.end(), state->entries.begin(), state->entries.end());
+          break;
+        }
+        if (target->kind != Kind::dict || (state->kind != Kind::dict && state->kind != Kind::none))
+          fail(std::string("sets the state of a ") + target->kind_name());
         break;                                                     // (state_dict()'s _metadata: not needed)
       }
       case '0': pop(); break;                                      // POP
-      case '2': stack.push_back(top()); break;                     // DUP
+      case '2': push(top()); break;                                // DUP
       default: {
         const char* digits = "0123456789abcdef";
         const std::string hex = {'0', 'x', digits[op >> 4], digits[op & 15]};
-        fail("uses opcode " + hex + ", which torch.save does not write for a state dict");
+        fail("uses opcode " + hex + (archive ? ", which tinylm's LibTorch archives never held"
+                                             : ", which torch.save does not write for a state dict"));
       }
     }
   }
