@@ -96,18 +96,19 @@ expect_error "top-p out of range"    "top_p must be in (0, 1]" "$tinylm" sample 
 expect_error "heatmap head"          "--head 9 is out of range" "$tinylm" sample good --prompt 1 --heatmap --head 9
 
 # ---- a torch.save file whose 24 MiB pickle grows lists in its memo (it would take about
-# 3 GB): refused on reaching the reader's bound, in one line, under a 4 GB address-space
-# limit (before the bound, a bare std::bad_alloc). A sanitizer build (TINYLM_TEST_SMALL)
-# cannot start under such a limit: there the bound alone is checked.
-/usr/bin/python3 - <<'PY'
-import zipfile
-pickle = b"\x80\x02(" + b"]\x94" * (12 << 20) + b"t."
+# 3 GB): refused on reaching the reader's bound (16 MiB + 64 bytes a byte), in one line,
+# under a 4 GB address-space limit (before the bound: a bare std::bad_alloc). A sanitizer
+# build (TINYLM_TEST_SMALL) cannot start under such a limit: there a 2 MiB pickle checks
+# the bound alone.
+mib=24 limit=4000000 bound="1.52 GiB"
+[ "${TINYLM_TEST_SMALL:-0}" = 1 ] && mib=2 limit=unlimited bound="144.0 MiB"
+/usr/bin/python3 - "$mib" <<'PY'
+import sys, zipfile
+pickle = b"\x80\x02(" + b"]\x94" * (int(sys.argv[1]) << 19) + b"t."
 with zipfile.ZipFile("memory.pt", "w", zipfile.ZIP_STORED) as z:
     z.writestr("archive/data.pkl", pickle)
 PY
-limit=4000000
-[ "${TINYLM_TEST_SMALL:-0}" = 1 ] && limit=unlimited
-expect_error "import: a pickle built to fill memory" "pickle needs more than 1.5" \
+expect_error "import: a pickle built to fill memory" "MiB pickle needs more than $bound" \
   bash -c "ulimit -v $limit && exec \"\$0\" import memory.pt --out memory.ckpt" "$tinylm"
 [ ! -e memory.ckpt ] || { echo "FAIL: a refused import wrote memory.ckpt"; failures=$((failures + 1)); }
 
