@@ -14,6 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 using namespace tinylm;
@@ -559,9 +561,30 @@ RunConfig dp_config(bool quick) {
   return p2_config(quick);  // timing only: train_step writes no files
 }
 
+/// CPU seconds this process has used so far (every thread, user and system).
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// The threads this process really runs: LibTorch's intra-op threads, OpenBLAS's (0 where
+/// the BLAS is not OpenBLAS), the OS threads in all, and the CPUs it may run on.
+Json thread_report() {
+  int64_t os_threads = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) ++os_threads;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cpus = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  return {{"intra_op_threads", at::get_num_threads()}, {"blas_threads", blas_threads()},
+          {"os_threads", os_threads}, {"cpus_allowed", cpus}};
+}
+
 /// One rank of the data-parallel case (`tinylm bench-worker dp`, started by
-/// bench_dp with torchrun's variables): rank 0 prints its step time and the time spent
-/// in the gradient all-reduce, as one JSON line.
+/// bench_dp with torchrun's variables): each rank prints, as one JSON line, its threads
+/// (thread_report) and the share of a core it used while it trained; rank 0 adds its step
+/// time and the time spent in the gradient all-reduce.
 void bench_dp_worker(bool quick) {
   auto dist = train::distributed_from_environment();
   TORCH_CHECK(dist, "bench-worker dp is started by the dp case, with WORLD_SIZE and RANK set");
@@ -569,19 +592,24 @@ void bench_dp_worker(bool quick) {
   const RunConfig c = dp_config(quick);
   train::Trainer t = make_trainer(c, group);
   for (int i = 0; i < 2; ++i) t.train_step();
-  const double comm_before = t.communication_seconds();
+  const double comm_before = t.communication_seconds(), cpu_before = process_cpu_seconds();
   const auto start = Clock::now();
   for (int64_t i = 0; i < dp_steps(quick); ++i) t.train_step();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::filesystem::remove_all(c.trainer.out_dir());
-  if (group->rank() == 0)
-    print_line({{"step_seconds", seconds / dp_steps(quick)},
-                {"allreduce_seconds", (t.communication_seconds() - comm_before) / dp_steps(quick)}});
+  Json line = thread_report();
+  line["rank"] = group->rank();
+  line["cpu_use"] = rounded((process_cpu_seconds() - cpu_before) / seconds);
+  if (group->rank() == 0) {
+    std::filesystem::remove_all(c.trainer.out_dir());
+    line["step_seconds"] = seconds / dp_steps(quick);
+    line["allreduce_seconds"] = (t.communication_seconds() - comm_before) / dp_steps(quick);
+  }
+  print_line(line);
 }
 
-/// Runs `tinylm bench-worker dp` as `world` ranks on a loopback port; returns rank 0's
-/// line.
-Json run_dp_job(int64_t world, bool quick) {
+/// Runs `tinylm bench-worker dp` as `world` ranks on a loopback port, each started as
+/// `train --nproc` starts its workers (--threads 1); returns their lines, by rank.
+std::vector<Json> run_dp_job(int64_t world, bool quick) {
   const int64_t port = train::free_loopback_port();
   int out[2];
   TORCH_CHECK(::pipe(out) == 0, "bench dp: cannot open a pipe");
@@ -593,8 +621,7 @@ Json run_dp_job(int64_t world, bool quick) {
     worker.env = {{"WORLD_SIZE", std::to_string(world)}, {"RANK", std::to_string(rank)},
                   {"LOCAL_RANK", std::to_string(rank)},  {"MASTER_ADDR", "127.0.0.1"},
                   {"MASTER_PORT", std::to_string(port)}};
-    if (rank == 0) worker.stdout_fd = out[1];
-    else worker.quiet = true;
+    worker.stdout_fd = out[1];
     worker.close_fds = {out[0], out[1]};
     pids.push_back(cli::spawn_self(worker));
   }
@@ -607,8 +634,24 @@ Json run_dp_job(int64_t world, bool quick) {
     ::waitpid(pid, &status, 0);
     ok = ok && cli::exit_code(status) == 0;
   }
-  TORCH_CHECK(ok && !text.empty(), "bench dp: a worker of the ", world, "-process job failed");
-  return Json::parse(text.substr(0, text.find('\n')));
+  TORCH_CHECK(ok, "bench dp: a worker of the ", world, "-process job failed");
+  std::vector<Json> lines(static_cast<size_t>(world));
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;  // a log line
+    Json j = Json::parse(line);
+    if (j.contains("rank")) lines.at(j["rank"].get<size_t>()) = j;
+  }
+  for (const auto& j : lines) TORCH_CHECK(!j.is_null(), "bench dp: a worker of the ", world, "-process job printed no report");
+  return lines;
+}
+
+/// The share of a core this process burns over `seconds` of doing nothing: threads a
+/// pool left spinning (or yielding) after its work.
+double idle_cpu_use(double seconds) {
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return (process_cpu_seconds() - before) / seconds;
 }
 
 /// P2 tokens/s: one process at 1 thread and at 2 threads (in this process) and two
@@ -619,7 +662,8 @@ void bench_dp(bool quick) {
   train::Trainer t = make_trainer(c);
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   const int rounds = quick ? 1 : 3;
-  std::vector<double> one_1, one_2, two_1, allreduce_ms, share;
+  std::vector<double> one_1, one_2, two_1, allreduce_ms, share, idle;
+  std::vector<Json> workers;
   const int64_t steps = dp_steps(quick);
   for (int round = 0; round < rounds; ++round) {
     for (int64_t threads : {1, 2}) {
@@ -627,8 +671,10 @@ void bench_dp(bool quick) {
       auto s = time_per_call([&] { t.train_step(); }, 2, 1, static_cast<int>(steps));
       (threads == 1 ? one_1 : one_2).push_back(tokens / s.median);
     }
+    idle.push_back(idle_cpu_use(0.5));  // after steps at 2 threads: nothing may keep spinning
     set_cpu_threads(g_threads);
-    const Json job = run_dp_job(2, quick);
+    workers = run_dp_job(2, quick);
+    const Json& job = workers[0];
     const double step = job["step_seconds"].get<double>();
     two_1.push_back(2 * tokens / step);
     allreduce_ms.push_back(1000 * job["allreduce_seconds"].get<double>());
@@ -662,6 +708,19 @@ void bench_dp(bool quick) {
   emit_value("dp_2proc_vs_1proc_2threads", "speedup", "x", median(vs2), config);
   emit_value("dp_2proc_1thread", "allreduce_ms_per_step", "ms", median(allreduce_ms), config);
   emit_value("dp_2proc_1thread", "allreduce_share_of_step", "fraction", median(share), config);
+  // What each worker really ran (the last round's): a worker pinned to one CPU, or running
+  // more threads than asked, shows here.
+  Json report = config;
+  report["cpus_available"] = thread_report()["cpus_allowed"];
+  for (auto& w : workers) {
+    w.erase("step_seconds");
+    w.erase("allreduce_seconds");
+  }
+  report["workers"] = workers;
+  double cpu_use = 0;
+  for (const auto& w : workers) cpu_use += w["cpu_use"].get<double>();
+  emit_value("dp_2proc_1thread", "worker_cpu_use", "cores", cpu_use / static_cast<double>(workers.size()), report);
+  emit_value("dp_1proc_2threads", "idle_cpu_use_after_steps", "cores", median(idle), config);
   int64_t numel = 0;
   for (const auto& p : t.model()->parameters()) numel += p.numel();
   emit_value("dp_2proc_1thread", "allreduce_mib_per_step", "MiB", numel * 4.0 / 1048576.0, config);

@@ -19,4 +19,7 @@ bool set_cpu_threads(int64_t n);
 /// the BLAS is not OpenBLAS or n <= 0.
 bool set_blas_threads(int64_t n);
 
+/// OpenBLAS's thread count now; 0 where the BLAS is not OpenBLAS.
+int64_t blas_threads();
+
 }  // namespace tinylm

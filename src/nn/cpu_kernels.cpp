@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <limits>
 #include <cstring>
 #include <vector>
@@ -205,6 +206,14 @@ bool libxsmm_works() {
 #ifdef TINYLM_HAVE_LIBXSMM
   // JIT needs an x86-64 CPU and executable memory: ask for one kernel once.
   static const bool works = [] {
+    // libxsmm's initialisation puts OMP_PROC_BIND=TRUE into the process's environment
+    // where it is unset. This process's OpenMP read its settings at start and is not
+    // affected, but every process started afterwards would bind its OpenMP threads: two
+    // one-thread data-parallel workers started by `tinylm bench` both ran on CPU 0
+    // (0.96x one process instead of 1.8x), and a user's subprocesses would too. Taken back.
+    const bool bind_was_set = std::getenv("OMP_PROC_BIND") != nullptr;
+    libxsmm_init();
+    if (!bind_was_set) ::unsetenv("OMP_PROC_BIND");
     const libxsmm_blasint n = 8;
     const float alpha = 1.f, beta = 0.f;
     const int flags = LIBXSMM_GEMM_FLAG_NONE;

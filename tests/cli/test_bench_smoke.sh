@@ -28,6 +28,7 @@ need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matm
         ("dp_1proc_1thread", "train_tokens_per_s"), ("dp_1proc_2threads", "train_tokens_per_s"),
         ("dp_2proc_1thread", "train_tokens_per_s"), ("dp_2proc_vs_1proc_1thread", "speedup"),
         ("dp_2proc_1thread", "allreduce_ms_per_step"), ("dp_2proc_1thread", "allreduce_share_of_step"),
+        ("dp_2proc_1thread", "worker_cpu_use"), ("dp_1proc_2threads", "idle_cpu_use_after_steps"),
         ("prepare_byte", "encode_mb_per_s"), ("data_mmap_big", "train_tokens_per_s"),
         ("data_in_memory_big", "train_tokens_per_s"), ("data_mmap_vs_in_memory", "tokens_per_s_ratio"),
         ("data_mmap_big", "peak_rss_mib"), ("data_mmap_small", "peak_rss_mib"),
@@ -40,7 +41,7 @@ need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matm
 if not skipped:
     need |= {("prepare_bpe", "encode_mb_per_s"), ("prepare_bpe", "tokenizer_training_s")}
 missing = need - seen
-bad = [r for r in lines if not (r["value"] > 0 or r["metric"] == "identical_tokens")]
+bad = [r for r in lines if not (r["value"] > 0 or r["metric"] in ("identical_tokens", "idle_cpu_use_after_steps"))]
 if missing or bad:
     print("FAIL: missing", sorted(missing), "non-positive", bad)
     sys.exit(1)
@@ -59,5 +60,13 @@ ident = [r["value"] for r in lines if r["metric"] == "identical_tokens"]
 if ident != [1]:
     print("FAIL: KV-cache and recomputed generation gave different tokens")
     sys.exit(1)
+# The data-parallel workers ran as `train --nproc` runs them: one LibTorch thread each, no
+# more for OpenBLAS, and free to run on every CPU this process may use (not pinned).
+report = next(r for r in lines if r["metric"] == "worker_cpu_use")["config"]
+for w in report["workers"]:
+    if w["intra_op_threads"] != 1 or w["blas_threads"] > 1 or w["cpus_allowed"] != report["cpus_available"]:
+        print("FAIL: a data-parallel worker ran", w, "on a machine with", report["cpus_available"], "CPUs")
+        sys.exit(1)
+print(f"dp workers: {report['workers']}")
 print(f"ok: {len(lines)} figures, every case present" + (f", {len(skipped)} skipped" if skipped else ""))
 PY
