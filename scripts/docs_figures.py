@@ -299,6 +299,7 @@ BLOCKS = {
     "bench-gemm": bench_block("bench-debian12", ["gemm"]),
     "bench-nanogpt": bench_block("bench-debian12", ["nanogpt"]),
     "bench-data": bench_block("bench-debian12", ["prepare", "data"]),
+    "bench-dp": bench_block("bench-dp", ["dp"]),
 }
 
 
