@@ -618,13 +618,22 @@ void TorchFile::unpickle(std::string_view p) {
 }
 
 torch::Tensor TorchFile::tensor(const TensorRecord& r) const {
-  const Entry* e = entry(prefix_ + "data/" + r.storage_key);
-  TORCH_CHECK(e, "'", printable(path_), "': storage '", printable(r.storage_key), "' is missing");
-  auto storage = torch::empty({r.storage_numel}, torch::TensorOptions().dtype(r.dtype));
-  std::memcpy(storage.data_ptr(), bytes_.data() + e->offset, e->size);  // sizes equal: checked when parsed
+  // Each tensor and each storage is made once: a record named under many keys is one
+  // tensor, and many views of one storage copy it from the file once.
+  auto& made = tensors_[&r];
+  if (made.defined()) return made;
+  auto& storage = storages_[r.storage_key];
+  if (!storage.defined()) {
+    const Entry* e = entry(prefix_ + "data/" + r.storage_key);
+    TORCH_CHECK(e, "'", printable(path_), "': storage '", printable(r.storage_key), "' is missing");
+    storage = torch::empty({r.storage_numel}, torch::TensorOptions().dtype(r.dtype));
+    std::memcpy(storage.data_ptr(), bytes_.data() + e->offset, e->size);  // sizes equal: checked when parsed
+  }
   auto view = storage.as_strided(r.sizes, r.strides, r.offset);
-  // A view of part of the storage gets its own memory, so the storage can go.
-  return view.is_contiguous() && view.numel() == r.storage_numel ? view : view.clone(at::MemoryFormat::Contiguous);
+  // A view of part of the storage gets its own memory: the distinct views of a storage
+  // hold no more than it (checked when parsed), so all of them take its size once more.
+  made = view.is_contiguous() && view.numel() == r.storage_numel ? view : view.clone(at::MemoryFormat::Contiguous);
+  return made;
 }
 
 }  // namespace tinylm::internal

@@ -12,7 +12,8 @@
 // torch.*Storage. Any other global (os.system, builtins.eval, ...) is refused by name:
 // nothing in the file is ever called. Tensors are described, not built, until the caller
 // asks for the ones it keeps; distinct views of one storage may not hold more elements
-// than it, so reading every tensor takes at most the file's size again.
+// than it, and each tensor is made once, so reading every tensor takes at most twice the
+// file's size.
 // A LibTorch archive (torch::serialize::OutputArchive, a TorchScript module) also holds
 // module objects (`__torch__.Module`, made by NEWOBJ, their attributes set by BUILD) and
 // compressed TorchScript code: the objects are read as values, the code never.
@@ -27,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -82,7 +84,8 @@ class TorchFile {
   TorchFile& operator=(const TorchFile&) = delete;
   const PyValue& root() const { return *root_; }
   /// The tensor a record describes, contiguous, its own memory (checked at parse time:
-  /// inside its storage, which is inside the file).
+  /// inside its storage, which is inside the file); the same tensor for the same record.
+  /// Reading every tensor takes at most twice the storages' size (storages and views).
   torch::Tensor tensor(const TensorRecord& record) const;
   /// The memory parsing the pickle was charged (an upper bound of what it took).
   uint64_t pickle_memory() const { return pickle_memory_; }
@@ -97,6 +100,8 @@ class TorchFile {
   void break_cycles();
 
   std::string bytes_, path_, prefix_;
+  mutable std::map<const TensorRecord*, torch::Tensor> tensors_;  // made by tensor()
+  mutable std::map<std::string, torch::Tensor> storages_;
   Format format_;
   uint64_t pickle_memory_ = 0;
   std::vector<std::pair<std::string, Entry>> entries_;

@@ -94,6 +94,9 @@ TEST_CASE("TorchFile reads what torch.save writes", "[interop]") {
   const auto weight = file.tensor(*model->find("weight")->tensor);
   CHECK(torch::equal(weight, torch::arange(24, torch::kFloat).reshape({4, 6})));
   CHECK(torch::equal(file.tensor(*model->find("tied")->tensor), weight));
+  // The same tensor under two keys is made once (a file naming one big tensor under many
+  // keys costs its size once).
+  CHECK(file.tensor(*model->find("tied")->tensor).data_ptr() == weight.data_ptr());
   const auto half = file.tensor(*model->find("half")->tensor);
   CHECK(half.scalar_type() == torch::kHalf);
   CHECK(half.to(torch::kFloat).sum().item<float>() == 6.0f);
