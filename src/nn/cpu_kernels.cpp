@@ -50,9 +50,8 @@ Sgemm loaded_sgemm() {
 /// The CPU core OpenBLAS chose its kernels for ("Haswell", "SkylakeX", ...), or "" where
 /// the BLAS is not OpenBLAS. OPENBLAS_CORETYPE can hold it below what the CPU runs.
 std::string blas_core() {
-  using CoreName = char* (*)();
   static const std::string name = [] {
-    const auto f = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    const auto f = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
     const char* n = f ? f() : nullptr;
     return std::string(n ? n : "");
   }();
@@ -85,11 +84,8 @@ void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
   auto b = tb ? at::from_blob(const_cast<float*>(B), {N, K}, {ldb, 1}).t()
               : at::from_blob(const_cast<float*>(B), {K, N}, {ldb, 1});
   auto c = at::from_blob(C, {M, N}, {ldc, 1});
-  if (accumulate) {
-    c.addmm_(a, b);
-  } else {
-    c.copy_(at::mm(a, b));
-  }
+  if (accumulate) c.addmm_(a, b);
+  else c.copy_(at::mm(a, b));
 }
 
 // ---- libxsmm ---------------------------------------------------------------------------
@@ -206,11 +202,8 @@ bool libxsmm_works() {
 #ifdef TINYLM_HAVE_LIBXSMM
   // JIT needs an x86-64 CPU and executable memory: ask for one kernel once.
   static const bool works = [] {
-    // libxsmm's initialisation puts OMP_PROC_BIND=TRUE into the process's environment
-    // where it is unset. This process's OpenMP read its settings at start and is not
-    // affected, but every process started afterwards would bind its OpenMP threads: two
-    // one-thread data-parallel workers started by `tinylm bench` both ran on CPU 0
-    // (0.96x one process instead of 1.8x), and a user's subprocesses would too. Taken back.
+    // libxsmm_init() puts OMP_PROC_BIND=TRUE into the environment where it is unset: every
+    // process started afterwards would bind its OpenMP threads (bench dp's workers: on CPU 0).
     const bool bind_was_set = std::getenv("OMP_PROC_BIND") != nullptr;
     libxsmm_init();
     if (!bind_was_set) ::unsetenv("OMP_PROC_BIND");
@@ -224,8 +217,6 @@ bool libxsmm_works() {
   return false;
 #endif
 }
-
-
 
 }  // namespace
 
