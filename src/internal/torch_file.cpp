@@ -24,7 +24,7 @@ int64_t TensorRecord::numel() const {
   return n;
 }
 
-const char* PyValue::kind_name() const {
+const char* PyValue::name_of(Kind kind) {
   switch (kind) {
     case Kind::none: return "None";
     case Kind::boolean: return "bool";

@@ -60,7 +60,8 @@ struct PyValue {
   std::shared_ptr<TensorRecord> tensor;
 
   /// "dict", "tensor", ...: for messages.
-  const char* kind_name() const;
+  const char* kind_name() const { return name_of(kind); }
+  static const char* name_of(Kind kind);
   /// A dict's value (an object's attribute) under a string key; nullptr when absent (or
   /// not a dict or object).
   const PyValue* find(std::string_view key) const;

@@ -44,7 +44,7 @@ class Reader {
     if (!v && optional) return nullptr;
     if (!v) damaged(where + " has no '" + printable(key) + "'");
     if (v->kind != kind)
-      damaged(where + "'s '" + printable(key) + "' is of type " + v->kind_name() + ", not " + kind_name(kind));
+      damaged(where + "'s '" + printable(key) + "' is of type " + v->kind_name() + ", not " + PyValue::name_of(kind));
     return v;
   }
   const std::string& text(const PyValue& module, const std::string& where, const std::string& key) const {
@@ -70,11 +70,6 @@ class Reader {
   }
 
  private:
-  static const char* kind_name(Kind kind) {
-    PyValue v;
-    v.kind = kind;
-    return v.kind_name();
-  }
   const TorchFile& file_;
   std::string path_;
 };
