@@ -24,8 +24,10 @@
 # sanitizer build's clang has its own). A leg fails the run, named, when its command fails
 # or when it overruns its budget (it is stopped at twice its budget); the whole run has a
 # budget. A warm run has a target, which it fails too: warm means every cache is there,
-# filled by a passing run of an ancestor of this commit ($cache/ci-caches-commit), with at
-# most a few sources and no build file changed since; a run that then still recompiled
+# filled by a passing run of an ancestor of this commit in a clone at this same path
+# ($cache/ci-caches-commit: CMake's unity sources include ours by absolute path, so a clone
+# elsewhere compiles them again), with at most a few sources and no build file changed
+# since; a run that then still recompiled
 # most sources (a change to what every source includes) says so and is not failed for it.
 # Logs, phase times and JUnit results: $TINYLM_CI_DIR (default build/ci).
 #   scripts/ci.sh [LEG...]     the named legs only (default: all)
@@ -68,11 +70,14 @@ for s in debian12 debian13 clang; do
   [ -n "$(ls -A "$(ccache_dir $s)" 2> /dev/null)" ] || { warm=0; why=${why:-"no $s compiler cache"}; }
 done
 caches=$([ "$warm" = 1 ] && echo warm || echo cold)
-filled_by=$(cat "$cache/ci-caches-commit" 2> /dev/null)
+filled_by="" filled_in=""
+[ -f "$cache/ci-caches-commit" ] && read -r filled_by filled_in < "$cache/ci-caches-commit"
 target=0
 if [ "$warm" = 1 ]; then
   if [ -z "$filled_by" ]; then
     why="no record of the commit whose passing run filled them"
+  elif [ "$filled_in" != "$repo" ]; then
+    why="they were filled by a clone in ${filled_in:-a directory not recorded}, not $repo (CMake's unity sources name ours by absolute path)"
   elif ! git merge-base --is-ancestor "$filled_by" HEAD 2> /dev/null; then
     why="they were filled at ${filled_by:0:7}, which is not an ancestor of this commit"
   else
@@ -242,5 +247,5 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 # The next run measures itself against this one's caches: record whose they are, when every
 # leg ran and passed.
-[ ${#legs[@]} -eq 5 ] && git rev-parse HEAD > "$cache/ci-caches-commit"
+[ ${#legs[@]} -eq 5 ] && echo "$(git rev-parse HEAD) $repo" > "$cache/ci-caches-commit"
 echo "ci: passed"
