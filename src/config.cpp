@@ -23,27 +23,11 @@ namespace {
 
 using R = RunConfig;
 
-// Edit distance, for "did you mean" hints on misspelt keys.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string suggestion(const std::string& key) {
   const ConfigField* best = nullptr;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (const auto& f : config_fields()) {
-    const size_t d = edit_distance(key, f.name);
+    const size_t d = internal::edit_distance(key, f.name);
     if (d < best_d) best_d = d, best = &f;
   }
   if (best && best_d <= 3) return std::string(" (did you mean '") + best->name + "'?)";
@@ -88,8 +72,10 @@ ConfigField member(const char* name, const char* group, const char* help, T R::*
 
 // A key for each field of an options struct the config holds (`held`), its help, type,
 // choices and group from the struct's spec.
+// `options`: the fields are a kind's options (a task's settings), which a run uses only
+// where its kind takes them.
 template <typename O>
-void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O R::*held,
+void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O R::*held, bool options,
                      const std::string& skip = "") {
   for (const auto& o : spec.describe(O{})) {
     if (o.name == skip) continue;
@@ -100,6 +86,7 @@ void add_spec_fields(std::vector<ConfigField>& out, const OptionSpec<O>& spec, O
     f.type = o.type;
     f.choices = o.choices;
     f.rule = o.rule;
+    if (options) f.option = o.name;
     const std::string key = o.name;
     f.get = [&spec, held, key](const RunConfig& c) { return *spec.get(c.*held, key); };
     f.set = [&spec, held, key](RunConfig& c, const OptionValue& v) { spec.set(c.*held, key, v); };
@@ -161,6 +148,7 @@ void add_model_fields(Fields& out) {
     f.type = s.info.type;
     f.choices = s.info.choices;
     f.rule = s.info.rule;
+    f.option = s.info.name;
     const std::string key = s.info.name;
     f.get = [key](const RunConfig& c) {
       auto it = c.model_options.find(key);
@@ -189,6 +177,7 @@ void add_model_fields(Fields& out) {
     f.help = "older spelling: true = attention-kernel automatic, false = plain";
     f.type = OptionType::boolean;
     f.written = false;
+    f.option = "attention_kernel";
     f.get = [](const RunConfig& c) { return OptionValue(std::get<std::string>(c.model_options.at("attention_kernel")) != "plain"); };
     f.set = [](RunConfig& c, const OptionValue& v) {
       c.model_options["attention_kernel"] = std::string(std::get<bool>(v) ? "automatic" : "plain");
@@ -207,8 +196,8 @@ const Fields& fields() {
     l.back().help = "the task kind: " + internal::join(tasks) +
                     " (text: a file's bytes, in memory; tokens: a prepared corpus, memory-mapped)";
     // The task's vocabulary is the model's vocab-size.
-    add_spec_fields(out.list, data::TaskOptions::spec(), &R::task_options, "vocab_size");
-    add_spec_fields(out.list, train::TrainerOptions::spec(), &R::trainer);
+    add_spec_fields(out.list, data::TaskOptions::spec(), &R::task_options, true, "vocab_size");
+    add_spec_fields(out.list, train::TrainerOptions::spec(), &R::trainer, false);
     l.push_back(member("device", "run", "auto, cpu, cuda or cuda:N", &R::device));
     l.push_back(member("threads", "run", "CPU threads for LibTorch and OpenBLAS; 0 = their defaults", &R::threads));
     // A value outside a field's choices is refused as it is set, in the config's words
@@ -254,6 +243,7 @@ void RunConfig::set(const std::string& key, OptionValue value) {
   TORCH_CHECK(type_of(value) == f->type, "'", key, "' must be ", to_string(f->type), ", got ",
               to_string(type_of(value)));
   f->set(*this, value);
+  given[key] = "";
 }
 
 const std::vector<ConfigField>& config_fields() { return fields().list; }
@@ -265,7 +255,37 @@ const ConfigField* find_config_field(const std::string& name) {
   return nullptr;
 }
 
-void copy_field(const ConfigField& field, const RunConfig& from, RunConfig& to) { field.set(to, field.get(from)); }
+namespace {
+
+// Why the config's kinds do not take the field, in one line ("" when they do).
+std::string not_taken(const RunConfig& c, const ConfigField& f) {
+  if (f.option.empty()) return "";
+  const bool model = f.group == "model";
+  auto takes_it = [&](const std::string& kind, std::vector<std::string>* names = nullptr) {
+    std::vector<std::string> own = model ? std::vector<std::string>{} : data::find_task_kind(kind).reads;
+    if (model)
+      for (const auto& o : nn::find_model_kind(kind).options) own.push_back(o.name);
+    const bool yes = std::find(own.begin(), own.end(), f.option) != own.end();
+    if (names)
+      for (const auto& n : own) names->push_back(spell(n, Spelling::config));
+    return yes;
+  };
+  const std::string& chosen = model ? c.model : c.task;
+  std::vector<std::string> own, others;
+  if (takes_it(chosen, &own)) return "";
+  for (const auto& kind : model ? nn::model_kind_names() : data::task_kind_names())
+    if (takes_it(kind)) others.push_back(kind);
+  const std::string what = model ? "model" : "task";
+  return (model ? f.name + " is not an option of model " + chosen + " (its options: "
+                : "task " + chosen + " reads no " + f.name + " (it reads ") +
+         internal::join(own) + ")" +
+         (others.empty() ? "" : ": " + f.name + " is for " + what + " " + internal::join(others) +
+                                    "; drop it, or set " + what + " to one of those");
+}
+
+}  // namespace
+
+bool takes(const RunConfig& c, const ConfigField& f) { return not_taken(c, f).empty(); }
 
 std::string field_value_string(const ConfigField& field, const RunConfig& config) {
   const OptionValue v = field.get(config);
@@ -285,7 +305,7 @@ std::string to_toml(const RunConfig& config, bool with_accepted) {
   std::ostringstream os;
   std::string group;
   for (const auto& f : config_fields()) {
-    if (!f.written) continue;
+    if (!f.written || !takes(config, f)) continue;
     if (group != f.group) {
       os << (group.empty() ? "" : "\n") << "# ---- " << f.group << "\n";
       group = f.group;
@@ -328,6 +348,7 @@ std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, origin, ":", line, ": ", e.what_without_backtrace());
     }
+    config.given[key] = origin + ":" + std::to_string(line);
     set.push_back(key);
   }
   return set;
@@ -342,6 +363,13 @@ std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& p
 void validate(const RunConfig& c) {
   for (const auto& f : config_fields())
     if (!f.choices.empty()) check_one_of(f.name.c_str(), std::get<std::string>(f.get(c)), f.choices);
+  // A key given for another model or task kind would be silently unused: refused.
+  for (const auto& [key, where] : c.given) {
+    const ConfigField* f = find_config_field(key);
+    TORCH_CHECK(f, "the run config has no key '", internal::printable(key), "'", suggestion(key));
+    const std::string why = not_taken(c, *f);
+    TORCH_CHECK(why.empty(), where.empty() ? "" : where + ": ", why);
+  }
   const int64_t context = std::get<int64_t>(c.model_options.count("context_length")
                                                 ? c.model_options.at("context_length")
                                                 : OptionValue(int64_t{0}));

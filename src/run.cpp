@@ -95,6 +95,7 @@ RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
   RunConfig c;
   std::vector<std::string> unknown;
   apply_toml(c, ck.recipe, ck.path + " (stored config)", &unknown);
+  c.given.clear();  // tinylm wrote it; one from before recipes held their kind's keys only holds every kind's
   for (const auto& key : unknown)
     logger()->warn("checkpoint '{}': its stored config sets '{}', which this tinylm does not know: "
                    "ignored", ck.path, internal::printable(key));
@@ -126,7 +127,8 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   run.checkpoint = std::move(checkpoint);
   run.config = config_from_checkpoint(run.checkpoint);
   auto& cfg = run.config;
-  if (!data_override.empty()) cfg.task_options.data(data_override);
+  if (!data_override.empty()) cfg.set("data", data_override);
+  validate(cfg);  // a data path for a task that reads none is refused
   run.device = train::resolve_device(options.device);
   check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = nn::build_model(run.checkpoint.architecture);

@@ -28,19 +28,24 @@ TEST_CASE("defaults are the reference run and validate", "[config]") {
 
 TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
   RunConfig c;
-  c.model = "transformer";
+  c.set("model", "transformer");
+  c.set("task", "text");
+  c.set("vocab-size", 256);
   c.trainer.optimizer().lr(3.0000000000000001e-4);
   c.set("dropout", 0.1);
   c.set("pre-ln", false);
   c.task_options.data("some \"quoted\" path\\x");
   c.set("n-layers", 7);
+  validate(c);
   RunConfig back;
   const auto keys = apply_toml(back, to_toml(c), "round-trip");
-  // Every field but the older spellings that are read and never written.
+  // Every field but the older spellings that are read and never written, and in-memory
+  // (task text does not read it).
   const auto written = std::count_if(config_fields().begin(), config_fields().end(),
                                      [](const ConfigField& f) { return f.written; });
   CHECK(written == static_cast<long>(config_fields().size()) - 1);
-  CHECK(static_cast<long>(keys.size()) == written);
+  CHECK(static_cast<long>(keys.size()) == written - 1);
+  CHECK(std::find(keys.begin(), keys.end(), "in-memory") == keys.end());
   for (const auto& f : config_fields()) {
     INFO(f.name);
     CHECK(field_value_string(f, back) == field_value_string(f, c));
@@ -50,13 +55,61 @@ TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
   // it reads back the same.
   const std::string annotated = to_toml(c, /*with_accepted=*/true);
   CHECK_THAT(annotated, Catch::Contains("\ndropout = 0.1  # must be in [0, 1)\n"));
-  CHECK_THAT(annotated, Catch::Contains("\nvocab-size = 64  # must be >= 2 (one token leaves nothing to learn)\n"));
+  CHECK_THAT(annotated, Catch::Contains("\nvocab-size = 256  # must be >= 2 (one token leaves nothing to learn)\n"));
   CHECK_THAT(annotated, Catch::Contains("\noptimizer = \"adam\"  # one of adam, adamw\n"));
   CHECK_THAT(annotated, Catch::Contains("\npre-ln = false\n"));  // any bool goes: no comment
   CHECK(to_toml(c).find("  # ") == std::string::npos);
   RunConfig again;
   CHECK(apply_toml(again, annotated, "annotated") == keys);
   CHECK(to_toml(again) == to_toml(c));
+}
+
+TEST_CASE("a key the chosen model or task kind does not take is refused, naming where it was given",
+          "[config][errors]") {
+  RunConfig c;
+  c.set("n-layers", 8);
+  CHECK_THAT(error_message([&] { validate(c); }),
+             Catch::StartsWith("n-layers is not an option of model tiny (its options: vocab-size, context-length, "
+                               "d-model, n-heads, ") &&
+                 Catch::Contains("n-layers is for model transformer; drop it, or set model to one of those"));
+  c.set("model", "transformer");  // given in any order: the final kinds decide
+  validate(c);
+  CHECK(takes(c, *find_config_field("n-layers")));
+
+  RunConfig file;
+  apply_toml(file, "d-model = 16\npre-ln = true\n", "x.toml");
+  CHECK_THAT(error_message([&] { validate(file); }), Catch::StartsWith("x.toml:2: pre-ln is not an option of model tiny"));
+  RunConfig old;  // the older spelling of attention-kernel, which tiny has too
+  apply_toml(old, "fused-attention = false\n", "x.toml");
+  validate(old);
+
+  RunConfig data;
+  data.set("data", "/etc/passwd");
+  CHECK_THAT(error_message([&] { validate(data); }),
+             Catch::StartsWith("task repeat reads no data (it reads seq-len, vocab-size): data is for task text, "
+                               "tokens"));
+  data.set("task", "tokens");
+  validate(data);
+  data.set("val-fraction", 0.2);
+  CHECK_THAT(error_message([&] { validate(data); }),
+             Catch::StartsWith("task tokens reads no val-fraction") && Catch::Contains("val-fraction is for task text"));
+}
+
+TEST_CASE("a config writes the keys its kinds take", "[config]") {
+  RunConfig c;
+  const std::string tiny = to_toml(c);
+  CHECK_THAT(tiny, Catch::Contains("\nd-model = 32\n") && Catch::Contains("\npos-base = "));
+  for (const char* other : {"\nn-layers = ", "\ndropout = ", "\npre-ln = ", "\ndata = ", "\nval-fraction = "}) {
+    INFO(other);
+    CHECK(tiny.find(other) == std::string::npos);
+  }
+  c.set("model", "transformer");
+  c.set("task", "tokens");
+  c.set("data", "corpus");
+  const std::string transformer = to_toml(c);
+  CHECK_THAT(transformer, Catch::Contains("\nn-layers = 2\n") && Catch::Contains("\ndata = \"corpus\"\n") &&
+                              Catch::Contains("\nin-memory = false\n"));
+  CHECK(transformer.find("\nval-fraction = ") == std::string::npos);
 }
 
 TEST_CASE("config files: unknown keys, wrong types and bad TOML are named", "[config][errors]") {

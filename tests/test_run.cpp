@@ -204,6 +204,12 @@ TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this ti
   ck.path = "stored.ckpt";
   ck.recipe = to_toml(c) + "\nrotary-base = 10000\n";  // a key from a later tinylm
   CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
+  // A recipe from before recipes held their own kinds' keys only: every kind's, read.
+  RunConfig tiny;
+  ck.recipe = "n-layers = 2\ndropout = 0.0\npre-ln = true\ndata = \"\"\nval-fraction = 0.1\n" + to_toml(tiny);
+  const RunConfig read = config_from_checkpoint(ck);
+  CHECK(read.given.empty());
+  CHECK(to_toml(read) == to_toml(tiny));
   ck.recipe = "lr = 0\n";  // the result is validated
   CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }), Catch::Contains("lr must be a finite number > 0, got 0"));
   ck.recipe = "epochs = \"three\"\n";

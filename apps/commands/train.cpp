@@ -97,7 +97,7 @@ RunConfig effective_config(const TrainArgs& args, RunConfig base, bool* out_dir_
   std::vector<std::string> from_file;
   if (!args.config_path.empty()) from_file = apply_toml_file(base, args.config_path);
   for (const auto& f : config_fields()) {
-    if (args.given.at(f.name)->count() > 0) f.set(base, args.flags.at(f.name));
+    if (args.given.at(f.name)->count() > 0) base.set(f.name, args.flags.at(f.name));
   }
   if (out_dir_chosen) {
     *out_dir_chosen = args.given.at("out-dir")->count() > 0 ||

@@ -44,6 +44,12 @@ struct RunConfig {
   std::string device = "auto";       // auto | cpu | cuda | cuda:N
   int64_t threads = 1;               // intra-op CPU threads; 0 = LibTorch's default
 
+  /// The keys given on purpose, each with where: "run.toml:3" (apply_toml), "" (set(), a
+  /// flag). validate() refuses one that the chosen model kind or task kind does not take,
+  /// naming where. What a stored recipe sets is not given (an older one holds every
+  /// kind's keys): config_from_checkpoint() clears this.
+  std::map<std::string, std::string> given;
+
   int64_t total_steps() const { return trainer.total_steps(); }
   /// The task's settings as the task gets them: task_options with the model's vocabulary.
   data::TaskOptions task_settings() const;
@@ -75,6 +81,9 @@ struct ConfigField {
   std::vector<std::string> choices;
   std::string rule;     // the values it takes, in words ("must be in [0, 1)"; "" = any)
   bool written = true;  // false: an older key still read (fused-attention), never written
+  /// The model or task option it sets, as stored (n_layers; "" = neither): a run uses it
+  /// only when its model kind has that option, or its task kind reads it (takes()).
+  std::string option;
   std::function<OptionValue(const RunConfig&)> get;
   std::function<void(RunConfig&, const OptionValue&)> set;
 };
@@ -97,27 +106,32 @@ T RunConfig::get(const std::string& key) const {
 /// when any value of its type goes (rules between fields are validate()'s).
 std::string accepted_values(const ConfigField& field);
 
-/// Throws with the field's name, its value and the rule when a value is invalid.
+/// Whether the config's model kind and task kind use the field (the model's own options,
+/// the settings its task reads, and every key that is neither).
+bool takes(const RunConfig& config, const ConfigField& field);
+
+/// Throws with the field's name, its value and the rule when a value is invalid, and at
+/// the first given key (RunConfig::given) that the chosen kinds do not take, naming where
+/// it was given and the kinds that take it.
 void validate(const RunConfig& config);
 
-/// The config as TOML (flat keys, grouped by comments); apply_toml() reads it back.
+/// The config as TOML (flat keys, grouped by comments): the keys the config takes, so a
+/// recipe holds its own model's and task's options only; apply_toml() reads it back.
 /// `with_accepted`: each key's accepted values in a comment after it, where it has a rule
 /// or choices (what --print-config writes for a person).
 std::string to_toml(const RunConfig& config, bool with_accepted = false);
 
-/// Applies the keys of a TOML document onto `config`. Unknown keys, nested tables and
-/// wrong value types are errors naming `origin` (a file name), the key and the fix;
-/// with `unknown` given, unknown keys are collected there instead (a stored config read
-/// by a later tinylm). Returns the names of the keys that were set.
+/// Applies the keys of a TOML document onto `config`, each recorded as given at
+/// origin:line. Unknown keys, nested tables and wrong value types are errors naming
+/// `origin` (a file name), the key and the fix; with `unknown` given, unknown keys are
+/// collected there instead (a stored config read by a later tinylm). Returns the names of
+/// the keys that were set.
 std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
                                     const std::string& origin,
                                     std::vector<std::string>* unknown = nullptr);
 
 /// Reads a TOML file (missing or unreadable file: an error naming it).
 std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& path);
-
-/// Copies one field's value from `from` into `to`.
-void copy_field(const ConfigField& field, const RunConfig& from, RunConfig& to);
 
 /// The field's value as TOML would write it.
 std::string field_value_string(const ConfigField& field, const RunConfig& config);

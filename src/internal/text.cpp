@@ -1,6 +1,7 @@
 // Internal: user text in messages, UTF-8, sizes.
 #include "internal/text.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 
@@ -141,6 +142,21 @@ std::string human_bytes(double bytes) {
   os << bytes << " " << units[u];
   if (u == 6 && bytes >= 1024) return "more than 1024 EiB";
   return os.str();
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
 }
 
 }  // namespace tinylm::internal

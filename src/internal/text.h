@@ -35,6 +35,9 @@ std::string join(const std::vector<std::string>& items);
 /// The lines of `text`, without their '\n' (a last line need not end in one).
 std::vector<std::string> split_lines(const std::string& text);
 
+/// Levenshtein distance, for "did you mean" hints on misspelt names.
+size_t edit_distance(const std::string& a, const std::string& b);
+
 /// Bytes as "1.50 GiB", "12.0 MiB", "3.2 TiB".
 std::string human_bytes(double bytes);
 

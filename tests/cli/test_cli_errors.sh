@@ -48,6 +48,10 @@ expect_error "bad device"            "unknown device"       "$tinylm" train --de
 expect_error "bf16 on cpu"           "bf16 autocast needs a CUDA device" "$tinylm" train --bf16 --device cpu
 expect_error "one-symbol vocabulary" "vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols" "$tinylm" train --vocab-size 1
 expect_error "dropout 1"             "dropout must be in [0, 1), got 1" "$tinylm" train --model transformer --dropout 1
+# A key of another model or task kind would go unused: refused, not ignored.
+expect_error "key of another model"  "n-layers is not an option of model tiny (its options: vocab-size, context-length, d-model, n-heads," "$tinylm" train --model tiny --n-layers 8
+expect_error "flag of another model" "pre-ln is for model transformer" "$tinylm" train --pre-ln --print-config
+expect_error "data for repeat"       "task repeat reads no data (it reads seq-len, vocab-size): data is for task text, tokens" "$tinylm" train --task repeat --data /etc/passwd
 
 # ---- config files
 printf 'lr = 0.1\nlearning_rate = 2\n' > typo.toml
@@ -58,6 +62,8 @@ printf 'lr = = 1\n' > syntax.toml
 expect_error "config bad TOML"       "not valid TOML"      "$tinylm" train --config syntax.toml
 printf '\xef\xbb\xbflr = 0.1\r\n\xef\xbb\xbfseed = 3\r\n' > bom-twice.toml  # a mark is skipped at the start only
 expect_error "config mark mid-file"  "bom-twice.toml:2: a character outside ASCII" "$tinylm" train --config bom-twice.toml
+printf 'lr = 0.01\npositions = "learned"\n' > other-kind.toml
+expect_error "config other kind"     "other-kind.toml:2: positions is not an option of model tiny" "$tinylm" train --config other-kind.toml
 printf '[model]\nd-model = 8\n' > nested.toml
 expect_error "config nested table"   "flat keys only"      "$tinylm" train --config nested.toml
 expect_error "config missing"        "config file 'nowhere.toml' does not exist" "$tinylm" train --config nowhere.toml
@@ -77,6 +83,8 @@ mkdir -p empty
 expect_error "run dir without ckpt"  "holds no step-*.ckpt" "$tinylm" eval empty
 expect_error "resume, other shape"   "does not fit the model" "$tinylm" train --resume good --d-model 64
 expect_error "resume, other optim"   "resume with optimizer adam" "$tinylm" train --resume good --optimizer adamw
+expect_error "resume, other kind"    "dropout is not an option of model tiny" "$tinylm" train --resume good --dropout 0.2
+expect_error "eval data for repeat"  "task repeat reads no data" "$tinylm" eval good --data /etc/passwd
 expect_error "resume past the end"   "past this run's last step" "$tinylm" train --resume good --steps-per-epoch 2
 
 # ---- data files

@@ -151,12 +151,18 @@ if not os.path.isdir(docs):
 
 # The key table of docs/configs.md against the tool's own --print-config.
 if len(sys.argv) > 2:
-    printed = subprocess.run([sys.argv[2], "train", "--print-config"], capture_output=True, text=True,
-                             check=True).stdout
-    # key = value, and after it "  # what it accepts" where the key has a rule or choices.
-    lines = re.findall(r"^([a-z0-9-]+) = (.*?)(?:  # (.*))?$", printed, re.M)
-    tool = {k: v for k, v, _ in lines}
-    tool_accepts = {k: a for k, _, a in lines}
+    # A config writes the keys its model and task kinds take: the defaults' first, then
+    # those only the transformer and the tasks with data take (their defaults likewise).
+    # (data has no default a task with data takes: its value here is ours, not compared.)
+    tool, tool_accepts = {}, {}
+    for extra in ([], ["--model", "transformer", "--task", "text", "--vocab-size", "256", "--data", "x"],
+                  ["--model", "transformer", "--task", "tokens", "--data", "x"]):
+        printed = subprocess.run([sys.argv[2], "train", "--print-config"] + extra, capture_output=True,
+                                 text=True, check=True).stdout
+        # key = value, and after it "  # what it accepts" where the key has a rule or choices.
+        for k, v, a in re.findall(r"^([a-z0-9-]+) = (.*?)(?:  # (.*))?$", printed, re.M):
+            if k not in tool:
+                tool[k], tool_accepts[k] = v, a
     with open(os.path.join(docs, "configs.md"), encoding="utf-8") as f:
         rows = re.findall(r"^\| `([a-z0-9-]+)` \| [a-z]+ \| `([^`]*)` \| ([^|]*) \|", f.read(), re.M)
     table = {k: v for k, v, _ in rows}
@@ -166,7 +172,7 @@ if len(sys.argv) > 2:
     for key in sorted(set(table) - set(tool)):
         fail(f"docs/configs.md: the key table lists '{key}', which tinylm train --print-config does not write")
     for key in sorted(set(tool) & set(table)):
-        if tool[key] != table[key]:
+        if tool[key] != table[key] and key != "data":
             fail(f"docs/configs.md: '{key}' defaults to {tool[key]}, not {table[key]}")
         if tool_accepts[key] != table_accepts[key]:
             fail(f"docs/configs.md: '{key}' accepts '{tool_accepts[key]}' (--print-config's comment), "
