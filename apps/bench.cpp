@@ -525,7 +525,7 @@ void bench_attention(bool quick) {
         nn::KernelPolicy policy;
         policy.attention_blas_min_seq_len = k.blas_from;
         nn::MultiHeadSelfAttention attn(
-            nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).kernel(k.kernel).policy(policy));
+            nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).kernel(k.kernel).kernel_policy(std::make_shared<const nn::KernelPolicy>(policy)));
         auto x = torch::randn({z.B, z.T, z.D}, torch::requires_grad());
         auto upstream = torch::randn({z.B, z.T, z.D});  // a dense gradient, as training has
         const int inner = z.T <= 16 ? 200 : (z.T <= 64 ? 20 : 5);

@@ -142,7 +142,7 @@ AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, b
   call.dropout = is_training() && options.attn_dropout() > 0;
   call.return_weights = return_weights;
   call.grad_enabled = torch::GradMode::is_enabled();
-  return options.policy().attention_kernel(options.kernel(), call);
+  return options.kernel_policy()->attention_kernel(options.kernel(), call);
 }
 
 AttentionKernel KernelPolicy::attention_kernel(AttentionKernel requested, const AttentionCall& c) const {
@@ -175,21 +175,22 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   TORCH_CHECK(T <= options.max_context_length(), "MultiHeadSelfAttention: sequence length ", T,
               " exceeds max_context_length ", options.max_context_length());
 
-  auto qkv_all = linear(x, qkv_proj->weight, qkv_proj->bias, options.policy());  // (B, T, 3D)
+  const KernelPolicy& policy = *options.kernel_policy();
+  auto qkv_all = linear(x, qkv_proj->weight, qkv_proj->bias, policy);  // (B, T, 3D)
 
   const bool dropout_active = is_training() && options.attn_dropout() > 0;
   const AttentionKernel kernel = kernel_for(x, return_weights, padding_mask.defined());
   if (kernel == AttentionKernel::fused) {
     torch::Tensor weights;
     auto context = fused_self_attention(qkv_all, H, options.causal(), return_weights ? &weights : nullptr,
-                                        options.policy());  // (B, T, D)
-    auto out = torch::dropout(linear(context, out_proj->weight, out_proj->bias, options.policy()), options.out_dropout(), is_training());
+                                        policy);  // (B, T, D)
+    auto out = torch::dropout(linear(context, out_proj->weight, out_proj->bias, policy), options.out_dropout(), is_training());
     return {out, weights};
   }
   if (kernel == AttentionKernel::sdpa) {
     auto context = sdpa_self_attention(qkv_all, H, options.causal(),
                                        dropout_active ? options.attn_dropout() : 0.0);  // (B, T, D)
-    return {torch::dropout(linear(context, out_proj->weight, out_proj->bias, options.policy()), options.out_dropout(), is_training()), {}};
+    return {torch::dropout(linear(context, out_proj->weight, out_proj->bias, policy), options.out_dropout(), is_training()), {}};
   }
 
   auto qkv = qkv_all.chunk(3, /*dim=*/-1);      // 3 x (B, T, D)
@@ -218,7 +219,7 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   auto attn = torch::dropout(weights, options.attn_dropout(), is_training());
 
   auto context = merge_heads(torch::matmul(attn, v));  // (B, H, T, Dh) -> (B, T, D)
-  auto out = torch::dropout(linear(context, out_proj->weight, out_proj->bias, options.policy()), options.out_dropout(), is_training());
+  auto out = torch::dropout(linear(context, out_proj->weight, out_proj->bias, policy), options.out_dropout(), is_training());
   return {out, return_weights ? weights : torch::Tensor()};
 }
 
@@ -230,7 +231,8 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   const int64_t Tn = x.size(1), Tc = keys.defined() ? keys.size(2) : 0;
   TORCH_CHECK(Tc + Tn <= options.max_context_length(), "MultiHeadSelfAttention: cached length ",
               Tc, " + new tokens ", Tn, " exceeds max_context_length ", options.max_context_length());
-  auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, options.policy()).chunk(3, /*dim=*/-1);                // 3 x (B, Tn, D)
+  const KernelPolicy& policy = *options.kernel_policy();
+  auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, policy).chunk(3, /*dim=*/-1);                // 3 x (B, Tn, D)
   auto q = split_heads(qkv[0], H);                            // (B, H, Tn, Dh)
   auto k = split_heads(qkv[1], H), v = split_heads(qkv[2], H);
   keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;           // (B, H, Tc + Tn, Dh)
@@ -240,7 +242,7 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
                                             : torch::Tensor();  // (Tn, Tc + Tn)
   auto weights = attention_weights(q, keys, allowed);             // (B, H, Tn, Tc + Tn)
   auto context = merge_heads(torch::matmul(weights, values));     // (B, Tn, D)
-  return linear(context, out_proj->weight, out_proj->bias, options.policy());
+  return linear(context, out_proj->weight, out_proj->bias, policy);
 }
 
 }  // namespace tinylm::nn

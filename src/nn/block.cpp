@@ -36,12 +36,12 @@ void LayerNormImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  return layer_norm(x, weight, bias, options.eps(), options.kernel_policy());
+  return layer_norm(x, weight, bias, options.eps(), *options.kernel_policy());
 }
 
 std::pair<torch::Tensor, torch::Tensor> LayerNormImpl::forward_residual(const torch::Tensor& x,
                                                                         const torch::Tensor& r) {
-  return add_layer_norm(x, r, weight, bias, options.eps(), options.kernel_policy());
+  return add_layer_norm(x, r, weight, bias, options.eps(), *options.kernel_policy());
 }
 
 // ---- FeedForward ---------------------------------------------------------------
@@ -76,7 +76,7 @@ void FeedForwardImpl::pretty_print(std::ostream& os) const {
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  const auto& policy = options.kernel_policy();
+  const KernelPolicy& policy = *options.kernel_policy();
   auto h = gelu(linear(x, fc->weight, fc->bias, policy), options.activation() == Activation::gelu, policy);  // (B, T, eD)
   return torch::dropout(linear(h, proj->weight, proj->bias, policy), options.dropout(), is_training());    // (B, T, D)
 }
@@ -103,7 +103,7 @@ void TransformerBlockImpl::reset() {
                       .causal(options.causal())
                       .bias(options.bias())
                       .kernel(options.attention_kernel())
-                      .policy(options.kernel_policy())));
+                      .kernel_policy(options.kernel_policy())));
   ln2 = register_module("ln2", LayerNorm(norm));
   mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
                                                .expansion(options.mlp_expansion())

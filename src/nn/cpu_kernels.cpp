@@ -5,6 +5,7 @@
 #include <tinylm/nn/kernel_policy.h>
 
 #include "nn/cpu/kernels.h"
+#include "nn/kernel_counts.h"
 #include "tinylm_kernels_config.h"
 
 #include <ATen/ATen.h>
@@ -327,12 +328,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
       for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
     return;
   }
-  if (backend == GemmBackend::automatic) {
-    backend = KernelPolicy{}.gemm_backend(M, N, K);
-  } else {
-    TORCH_CHECK(gemm_backend_available(backend), "gemm: the ", to_string(backend),
-                " backend is not available here");
-  }
+  if (backend == GemmBackend::automatic) backend = KernelPolicy{}.gemm_backend(M, N, K);
+  else TORCH_CHECK(gemm_backend_available(backend), "gemm: the ", to_string(backend),
+                   " backend is not available here");
+  count_gemm(backend);
   if (backend == GemmBackend::blas) {
     blas_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
     return;

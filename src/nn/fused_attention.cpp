@@ -10,6 +10,8 @@
 #include "nn/fused_attention.h"
 
 #include "attention_kernels.h"
+#include "nn/kernel_counts.h"
+#include "nn/saved_policy.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -30,12 +32,14 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& qkv_in, int64_t n_heads,
-                                                bool causal, int64_t blas_from) {
+                                                bool causal, const KernelPolicy& policy) {
     RECORD_USER_SCOPE("tinylm::fused_attention");  // named for op profiles (tinylm bench)
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
     torch::Tensor out, p;
-    if (s.T >= blas_from) {
+    const bool blas = policy.attention_products_use_blas(s.T);
+    count_attention_products(blas);
+    if (blas) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);              // (BH, T, Dh)
       auto scores = torch::bmm(q, k.transpose(1, 2));                     // (BH, T, T)
       masked_softmax_rows(scores.data_ptr<float>(), s.B * s.H * s.T, s.T, s.scale, s.causal);
@@ -52,7 +56,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     ctx->save_for_backward({qkv, p});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
-    ctx->saved_data["blas_from"] = blas_from;
+    save_policy(ctx, policy);
     ctx->mark_non_differentiable({p});
     // The weights output has no gradient: do not let autograd build a zero (B, H, T, T)
     // tensor for it on every backward pass.
@@ -67,7 +71,9 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     const auto& p = saved[1];
     const Dims s = dims_of(qkv, ctx->saved_data["n_heads"].toInt(), ctx->saved_data["causal"].toBool());
     auto dout = grads[0].defined() ? grads[0].contiguous() : torch::zeros({s.B, s.T, s.D}, qkv.options());
-    if (s.T >= ctx->saved_data["blas_from"].toInt()) {
+    const bool blas = saved_policy(ctx).attention_products_use_blas(s.T);
+    count_attention_products(blas);
+    if (blas) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);                          // (BH, T, Dh)
       auto pm = p.view({s.B * s.H, s.T, s.T});                                       // (BH, T, T)
       auto dO = dout.view({s.B, s.T, s.H, s.Dh}).permute({0, 2, 1, 3}).reshape({s.B * s.H, s.T, s.Dh});
@@ -100,7 +106,7 @@ torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bo
   TORCH_CHECK(fused_attention_supported(qkv),
               "fused_self_attention: needs a float32 CPU tensor (B, T, 3D), got ",
               qkv.scalar_type(), " on ", qkv.device(), " with shape ", qkv.sizes());
-  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal, policy.attention_blas_min_seq_len);
+  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal, policy);
   if (weights) *weights = outputs[1];
   return outputs[0];
 }

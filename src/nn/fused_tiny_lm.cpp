@@ -23,6 +23,7 @@
 #include <tinylm/nn/kernel_policy.h>
 
 #include "attention_kernels.h"
+#include "nn/saved_policy.h"
 
 #include <torch/torch.h>
 
@@ -134,8 +135,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     ctx->save_for_backward({ids, ws, Wqkv, Wo, Wh});
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["emb_rows"] = rows;
-    ctx->saved_data["gemm"] = static_cast<int64_t>(policy.gemm);
-    ctx->saved_data["small_gemm_flops"] = policy.small_gemm_flops;
+    save_policy(ctx, policy);
     return {torch::full({}, loss / static_cast<double>(count), E.options())};
   }
 
@@ -144,9 +144,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     const auto &ids = saved[0], &ws = saved[1], &Wqkv = saved[2], &Wo = saved[3], &Wh = saved[4];
     const int64_t B = ids.size(0), T = ids.size(1), D = Wo.size(0), V = Wh.size(0);
     const int64_t H = ctx->saved_data["n_heads"].toInt();
-    KernelPolicy policy;
-    policy.gemm = static_cast<GemmBackend>(ctx->saved_data["gemm"].toInt());
-    policy.small_gemm_flops = ctx->saved_data["small_gemm_flops"].toDouble();
+    const KernelPolicy policy = saved_policy(ctx);
     const Layout L{B, T, D, H, V, B * T};
     const int64_t N = L.N;
     const float* w = floats(ws);
@@ -220,7 +218,7 @@ torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& id
   return FusedTinyLMLoss::apply(ids, targets, m.token_embedding->weight, m.sinusoidal_positions->forward(T),
                                 a.qkv_proj->weight, a.qkv_proj->bias, a.out_proj->weight,
                                 a.out_proj->bias, m.lm_head->weight, m.lm_head->bias,
-                                a.options.n_heads(), m.options.kernel_policy())[0];
+                                a.options.n_heads(), *a.options.kernel_policy())[0];
 }
 
 }  // namespace tinylm::nn

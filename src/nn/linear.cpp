@@ -4,6 +4,8 @@
 //   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
 #include "nn/linear.h"
 
+#include "nn/saved_policy.h"
+
 #include <tinylm/nn/cpu_kernels.h>
 
 #include <ATen/record_function.h>
@@ -21,13 +23,9 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 const torch::Tensor& weight, const torch::Tensor& bias,
-                                                int64_t gemm, int64_t large_gemm, double small_gemm_flops) {
+                                                const KernelPolicy& policy) {
     RECORD_USER_SCOPE("tinylm::linear");
     const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
-    KernelPolicy policy;
-    policy.gemm = static_cast<GemmBackend>(gemm);
-    policy.large_gemm = static_cast<GemmBackend>(large_gemm);
-    policy.small_gemm_flops = small_gemm_flops;
     auto x2 = x.reshape({M, K}).contiguous();
     auto w = weight.contiguous();
     auto y = torch::empty({M, N}, x.options());
@@ -36,9 +34,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias,
              policy.gemm_backend(M, N, K));
     ctx->save_for_backward({x2, w});
-    ctx->saved_data["gemm"] = gemm;
-    ctx->saved_data["large_gemm"] = large_gemm;
-    ctx->saved_data["small_gemm_flops"] = small_gemm_flops;
+    save_policy(ctx, policy);
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     auto out_sizes = x.sizes().vec();
@@ -52,10 +48,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const auto& x = saved[0];  // (M, K)
     const auto& w = saved[1];  // (N, K)
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-    KernelPolicy policy;
-    policy.gemm = static_cast<GemmBackend>(ctx->saved_data["gemm"].toInt());
-    policy.large_gemm = static_cast<GemmBackend>(ctx->saved_data["large_gemm"].toInt());
-    policy.small_gemm_flops = ctx->saved_data["small_gemm_flops"].toDouble();
+    const KernelPolicy policy = saved_policy(ctx);
     auto dy = grads[0].reshape({M, N}).contiguous();
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
@@ -68,7 +61,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       nn::gemm(true, false, N, K, M, floats(dy), N, floats(x), K, floats(dw), K, false, policy.gemm_backend(N, K, M));
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, db, torch::Tensor()};
   }
 };
 
@@ -85,8 +78,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
     return torch::nn::functional::linear(x, weight, bias);
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
-  return LinearFunction::apply(x, weight, b, static_cast<int64_t>(policy.gemm),
-                               static_cast<int64_t>(policy.large_gemm), policy.small_gemm_flops)[0];
+  return LinearFunction::apply(x, weight, b, policy)[0];
 }
 
 }  // namespace tinylm::nn

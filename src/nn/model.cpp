@@ -229,6 +229,7 @@ TinyAttentionLMImpl::TinyAttentionLMImpl(const TinyAttentionLMOptions& options_)
 void TinyAttentionLMImpl::reset() {
   TinyAttentionLMOptions::spec().check(options);
   const int64_t V = options.vocab_size(), D = options.d_model(), C = options.context_length();
+  policy_ = std::make_shared<KernelPolicy>(options.kernel_policy());
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
   sinusoidal_positions = register_module(
       "sinusoidal_positions",
@@ -237,7 +238,7 @@ void TinyAttentionLMImpl::reset() {
   attention = register_module(
       "attention", MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(D, options.n_heads(), C)
                                               .kernel(options.attention_kernel())
-                                              .policy(options.kernel_policy())));
+                                              .kernel_policy(policy_)));
   lm_head = register_module("lm_head", torch::nn::Linear(D, V));
 }
 
@@ -262,8 +263,9 @@ torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::T
   call.seq_len = ids.dim() == 2 ? ids.size(1) : 0;
   call.dropout = is_training() && attention->options.attn_dropout() > 0;
   call.grad_enabled = torch::GradMode::is_enabled();
-  const auto& policy = options.kernel_policy();
-  if (policy.fuse_whole_model && ids.dim() == 2 &&
+  const KernelPolicy& policy = *policy_;
+  // (Its attention products run on the loops: where the policy wants BLAS, the module runs.)
+  if (policy.fuse_whole_model && ids.dim() == 2 && !policy.attention_products_use_blas(call.seq_len) &&
       policy.attention_kernel(options.attention_kernel(), call) == AttentionKernel::fused &&
       fused_tiny_lm_supported(*this))
     return fused_tiny_lm_loss(*this, ids, targets);
@@ -272,7 +274,7 @@ torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::T
 
 void TinyAttentionLMImpl::set_kernel_policy(const KernelPolicy& policy) {
   options.kernel_policy(policy);
-  attention->options.policy(policy);
+  *policy_ = policy;  // the object every module holds
 }
 
 void TinyAttentionLMImpl::pretty_print(std::ostream& os) const {
@@ -331,15 +333,7 @@ TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : opt
 
 void TransformerLMImpl::set_kernel_policy(const KernelPolicy& policy) {
   options.kernel_policy(policy);
-  for (const auto& block : *blocks) {
-    auto& b = *block->as<TransformerBlockImpl>();
-    b.options.kernel_policy(policy);
-    b.attn->options.policy(policy);
-    b.mlp->options.kernel_policy(policy);
-    b.ln1->options.kernel_policy(policy);
-    b.ln2->options.kernel_policy(policy);
-  }
-  ln_f->options.kernel_policy(policy);
+  *policy_ = policy;  // the object every module holds
 }
 
 ModelArchitecture TransformerLMImpl::architecture() const { return architecture_of(options); }
@@ -352,6 +346,7 @@ void TransformerLMImpl::reset() {
   const int64_t V = options.vocab_size(), C = options.context_length(), D = options.d_model(),
                 L = options.n_layers();
   TransformerLMOptions::spec().check(options);
+  policy_ = std::make_shared<KernelPolicy>(options.kernel_policy());
   token_embedding = register_module("token_embedding", TokenEmbedding(TokenEmbeddingOptions(V, D)));
   if (options.positions() == PositionEncoding::learned) {
     learned_positions = register_module(
@@ -372,9 +367,9 @@ void TransformerLMImpl::reset() {
                                            .pre_ln(options.pre_ln())
                                            .activation(options.activation())
                                            .attention_kernel(options.attention_kernel())
-                                           .kernel_policy(options.kernel_policy())));
+                                           .kernel_policy(policy_)));
   }
-  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias()).kernel_policy(options.kernel_policy())));
+  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias()).kernel_policy(policy_)));
   if (!options.tie_weights()) {
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(D, V).bias(false)));
@@ -437,7 +432,7 @@ LMOutput TransformerLMImpl::forward(const torch::Tensor& ids, bool return_weight
                                     const torch::Tensor& padding_mask) {
   LMOutput out;
   auto h = hidden(ids, padding_mask, return_weights ? &out.attention : nullptr);
-  out.logits = linear(h, lm_head_weight(), {}, options.kernel_policy());  // (B, T, V)
+  out.logits = linear(h, lm_head_weight(), {}, *policy_);  // (B, T, V)
   return out;
 }
 
@@ -453,7 +448,7 @@ torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCach
     x = blocks[l]->as<TransformerBlock>()->forward_cached(x, cache.keys[l], cache.values[l]);
   }
   cache.length += Tn;
-  return linear(ln_f(x), lm_head_weight(), {}, options.kernel_policy());  // (B, Tn, V)
+  return linear(ln_f(x), lm_head_weight(), {}, *policy_);  // (B, Tn, V)
 }
 
 }  // namespace tinylm::nn

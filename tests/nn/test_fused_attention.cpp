@@ -32,7 +32,7 @@ TEST_CASE("fused attention equals the step-by-step path, forward and backward",
   policy.attention_blas_min_seq_len = blas_products ? 1 : 1 << 20;
   MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
   MultiHeadSelfAttention fused(
-      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused).policy(policy));
+      MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused).kernel_policy(std::make_shared<const KernelPolicy>(policy)));
   {
     torch::NoGradGuard g;
     auto src = plain->named_parameters();

@@ -89,8 +89,8 @@ TEST_CASE("a model's policy reaches every attention it holds and decides its ker
   TransformerLM model(TransformerLMOptions(20, 16, 16, 2, 2).kernel_policy(policy));
   for (const auto& block : *model->blocks) {
     const auto& attn = *block->as<TransformerBlockImpl>()->attn;
-    CHECK(attn.options.policy().sdpa_cpu_min_seq_len == 4);
-    CHECK(attn.options.policy().attention_blas_min_seq_len == 7);
+    CHECK(attn.options.kernel_policy()->sdpa_cpu_min_seq_len == 4);
+    CHECK(attn.options.kernel_policy()->attention_blas_min_seq_len == 7);
     // T 8 >= 4: SDPA where LibTorch has it, under this model's policy.
     CHECK(attn.kernel_for(torch::zeros({1, 8, 16}), false, false) ==
           (sdpa_available() ? AttentionKernel::sdpa : AttentionKernel::fused));
@@ -104,7 +104,7 @@ TEST_CASE("a model's policy reaches every attention it holds and decides its ker
     CHECK(block->as<TransformerBlockImpl>()->attn->kernel_for(torch::zeros({1, 8, 16}), false, false) ==
           AttentionKernel::fused);
   for (const auto& block : *other->blocks)
-    CHECK(block->as<TransformerBlockImpl>()->attn->options.policy().sdpa_cpu_min_seq_len ==
+    CHECK(block->as<TransformerBlockImpl>()->attn->options.kernel_policy()->sdpa_cpu_min_seq_len ==
           KernelPolicy{}.sdpa_cpu_min_seq_len);
   // Outputs do not depend on the policy (the kernels compute the same function).
   torch::manual_seed(3);
@@ -115,4 +115,109 @@ TEST_CASE("a model's policy reaches every attention it holds and decides its ker
   unfused.fuse_whole_model = false;
   tiny->set_kernel_policy(unfused);
   CHECK(tiny->loss(ids, targets).item<double>() == Approx(fused).epsilon(1e-5));
+}
+
+namespace {
+
+int64_t on(const KernelCounts& c, GemmBackend b) {
+  return b == GemmBackend::libxsmm ? c.gemm_libxsmm : b == GemmBackend::blas ? c.gemm_blas : c.gemm_hand;
+}
+int64_t products(const KernelCounts& c) { return c.gemm_libxsmm + c.gemm_blas + c.gemm_hand; }
+
+}  // namespace
+
+TEST_CASE("every module of a model holds the model's one policy", "[nn][kernel-policy]") {
+  TransformerLM model(TransformerLMOptions(20, 16, 16, 2, 2));
+  const KernelPolicy* shared = model->ln_f->options.kernel_policy().get();
+  for (const auto& block : *model->blocks) {
+    const auto& b = *block->as<TransformerBlockImpl>();
+    CHECK(b.options.kernel_policy().get() == shared);
+    CHECK(b.attn->options.kernel_policy().get() == shared);
+    CHECK(b.mlp->options.kernel_policy().get() == shared);
+    CHECK(b.ln1->options.kernel_policy().get() == shared);
+    CHECK(b.ln2->options.kernel_policy().get() == shared);
+  }
+  KernelPolicy changed;
+  changed.layer_norm_loops = false;
+  model->set_kernel_policy(changed);
+  CHECK(model->ln_f->options.kernel_policy().get() == shared);
+  CHECK(!shared->layer_norm_loops);
+  CHECK(!model->options.kernel_policy().layer_norm_loops);
+  TinyAttentionLM tiny(TinyAttentionLMOptions(20, 12, 16, 2));
+  const KernelPolicy* own = tiny->attention->options.kernel_policy().get();
+  tiny->set_kernel_policy(changed);
+  CHECK(tiny->attention->options.kernel_policy().get() == own);
+  CHECK(!own->layer_norm_loops);
+}
+
+TEST_CASE("a policy's product backend reaches the forward and the backward of every path", "[nn][kernel-policy]") {
+  std::vector<GemmBackend> backends = {GemmBackend::hand, GemmBackend::blas};
+  if (gemm_backend_available(GemmBackend::libxsmm)) backends.push_back(GemmBackend::libxsmm);
+  auto ids = torch::randint(20, {2, 12}, torch::kLong), targets = torch::randint(20, {2, 12}, torch::kLong);
+  for (const auto backend : backends) {
+    for (const bool large : {false, true}) {  // as `gemm` (every product), or `large_gemm` (every one large)
+      INFO(to_string(backend) << (large ? " as large_gemm" : " as gemm"));
+      KernelPolicy policy;
+      policy.small_gemm_flops = 0;
+      (large ? policy.large_gemm : policy.gemm) = backend;
+
+      // The tiny model as one op: three products forward, six backward, all on `backend`.
+      torch::manual_seed(1);
+      TinyAttentionLM tiny(TinyAttentionLMOptions(20, 12, 16, 2).kernel_policy(policy));
+      auto start = kernel_counts();
+      auto loss = tiny->loss(ids, targets);
+      auto forward = kernel_counts() - start;
+      CHECK(on(forward, backend) == 3);
+      CHECK(products(forward) == 3);
+      start = kernel_counts();
+      loss.backward();
+      auto backward = kernel_counts() - start;
+      CHECK(on(backward, backend) == 6);
+      CHECK(products(backward) == 6);
+
+      // The transformer's Linear layers: 4 per block and the head forward, two products
+      // each backward; BLAS there is LibTorch's own linear, which tinylm's gemm never sees.
+      torch::manual_seed(1);
+      TransformerLM model(TransformerLMOptions(20, 12, 16, 2, 2).kernel_policy(policy));
+      const int64_t linears = 4 * 2 + 1, expected = backend == GemmBackend::blas ? 0 : linears;
+      start = kernel_counts();
+      loss = model->loss(ids, targets);
+      forward = kernel_counts() - start;
+      CHECK(on(forward, backend) == expected);
+      CHECK(products(forward) == expected);
+      start = kernel_counts();
+      loss.backward();
+      backward = kernel_counts() - start;
+      CHECK(on(backward, backend) == 2 * expected);
+      CHECK(products(backward) == 2 * expected);
+    }
+  }
+}
+
+TEST_CASE("a policy's attention products reach the forward and the backward of every path", "[nn][kernel-policy]") {
+  auto ids = torch::randint(20, {2, 12}, torch::kLong), targets = torch::randint(20, {2, 12}, torch::kLong);
+  for (const bool blas : {false, true}) {
+    INFO((blas ? "BLAS" : "loops") << " from T 12");
+    KernelPolicy policy;
+    policy.attention_blas_min_seq_len = blas ? 12 : 13;
+    torch::manual_seed(1);
+    TransformerLM model(TransformerLMOptions(20, 12, 16, 2, 2).kernel_policy(policy));
+    TinyAttentionLM tiny(TinyAttentionLMOptions(20, 12, 16, 2).kernel_policy(policy));
+    for (LanguageModelImpl* m : {static_cast<LanguageModelImpl*>(model.get()), static_cast<LanguageModelImpl*>(tiny.get())}) {
+      const int64_t layers = m == model.get() ? 2 : 1;
+      auto start = kernel_counts();
+      auto loss = m->loss(ids, targets);
+      auto forward = kernel_counts() - start;
+      start = kernel_counts();
+      loss.backward();
+      auto backward = kernel_counts() - start;
+      // The tiny model as one op computes its attention on the loops, so BLAS products
+      // make it run its modules instead.
+      const int64_t passes = m == tiny.get() && !blas ? 0 : layers;
+      CHECK((blas ? forward.attention_blas : forward.attention_loops) == passes);
+      CHECK((blas ? backward.attention_blas : backward.attention_loops) == passes);
+      CHECK((blas ? forward.attention_loops : forward.attention_blas) == 0);
+      CHECK((blas ? backward.attention_loops : backward.attention_blas) == 0);
+    }
+  }
 }

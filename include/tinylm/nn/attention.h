@@ -43,8 +43,8 @@ struct MultiHeadSelfAttentionOptions {
   bool fused() const { return kernel_ != AttentionKernel::plain; }
   /// The attention kernel (see AttentionKernel). Default: the fastest that applies.
   TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
-  /// The thresholds and backends behind the kernel choice (the model's, when in one).
-  TORCH_ARG(KernelPolicy, policy);
+  /// The thresholds and backends behind the kernel choices (the model's, when in one).
+  TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
 /// What attention returns: the output (B, T, D) and, when asked, weights (B, H, T, T).
@@ -83,7 +83,7 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
 
   /// The kernel forward() runs for input x (B, T, D): options.kernel() where it applies,
-  /// else the step-by-step path, as options.policy() decides (KernelPolicy).
+  /// else the step-by-step path, as options.kernel_policy() decides (KernelPolicy).
   AttentionKernel kernel_for(const torch::Tensor& x, bool return_weights,
                              bool has_padding_mask) const;
 

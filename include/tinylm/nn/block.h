@@ -29,7 +29,7 @@ struct LayerNormOptions {
   /// false: a gain only, no bias (nanoGPT's bias=False).
   TORCH_ARG(bool, bias) = true;
   /// Whether tinylm's loops compute it (KernelPolicy::layer_norm_loops).
-  TORCH_ARG(KernelPolicy, kernel_policy);
+  TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
 /// LayerNorm over the last dimension (D) with a learned gain (ones at first) and,
@@ -61,7 +61,7 @@ struct FeedForwardOptions {
   TORCH_ARG(bool, bias) = true;
   TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
   /// Who computes the two projections' products (KernelPolicy::linear_products).
-  TORCH_ARG(KernelPolicy, kernel_policy);
+  TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
 /// Linear(D, eD) -> GELU (tanh approximation, or exact) -> Linear(eD, D) -> dropout.
@@ -97,7 +97,8 @@ struct TransformerBlockOptions {
   TORCH_ARG(bool, causal) = true;
   TORCH_ARG(double, ln_eps) = 1e-5;
   TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
-  TORCH_ARG(KernelPolicy, kernel_policy);
+  /// Shared by its attention, MLP and LayerNorms.
+  TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
 class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {

@@ -64,6 +64,17 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
           bool accumulate = false, GemmBackend backend = GemmBackend::automatic);
 
+/// Where the kernel choices sent the work since the process started: products gemm() ran
+/// on each backend (the one chosen; libxsmm falls back inside for a shape it has no kernel
+/// for), and fused-attention passes, forward and backward, whose T x T products went
+/// through BLAS or the loops. Tests and profiles compare two readings.
+struct KernelCounts {
+  int64_t gemm_libxsmm = 0, gemm_blas = 0, gemm_hand = 0;
+  int64_t attention_blas = 0, attention_loops = 0;
+  KernelCounts operator-(const KernelCounts& earlier) const;
+};
+KernelCounts kernel_counts();
+
 /// One line for logs and benchmark output, e.g.
 /// "products: libxsmm 1.17 (JIT, avx512_...) for small, BLAS sgemm for large; loops: avx2".
 std::string cpu_kernels_description();

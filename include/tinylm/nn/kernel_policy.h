@@ -2,13 +2,14 @@
 // call, from which length the fused attention's T x T products go through BLAS, which
 // products count as small, who computes small and large ones, whether Linear layers and
 // GELU run on tinylm's kernels, and whether the tiny model runs as one op.
-// A model holds its own (options().kernel_policy(), set_kernel_policy()); nothing here is
-// process-wide. The instruction set of tinylm's loops is the machine's (cpu_kernels.h).
+// A model holds its own (options().kernel_policy(), set_kernel_policy()), one object that
+// its modules share; nothing here is process-wide. The instruction set of tinylm's loops is the machine's (cpu_kernels.h).
 #pragma once
 
 #include <tinylm/nn/cpu_kernels.h>
 
 #include <cstdint>
+#include <memory>
 
 namespace tinylm::nn {
 
@@ -80,7 +81,7 @@ struct KernelPolicy {
   /// in the same pass.
   bool layer_norm_loops = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
-  /// attention would run the fused kernel.
+  /// attention would run the fused kernel with its T x T products on the loops.
   bool fuse_whole_model = true;
 
   /// The kernel that runs `call` when `requested` is asked for.
@@ -94,6 +95,12 @@ struct KernelPolicy {
   /// Whether the fused attention's T x T products go through BLAS at this length.
   bool attention_products_use_blas(int64_t seq_len) const { return seq_len >= attention_blas_min_seq_len; }
 };
+
+/// The policy a module follows, in its options: a model's modules all hold the model's one
+/// object, so that set_kernel_policy() changes it for every one at once (and the autograd
+/// functions keep a copy of the forward's for its backward); a module made alone holds a
+/// default of its own.
+using SharedKernelPolicy = std::shared_ptr<const KernelPolicy>;
 
 /// Whether this LibTorch has at::scaled_dot_product_attention (2.0 and later).
 bool sdpa_available();

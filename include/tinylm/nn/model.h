@@ -192,6 +192,11 @@ class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(false)},
                            {2, torch::nn::AnyValue(torch::Tensor())})
+
+ private:
+  /// The policy every module of this model holds (one object: set_kernel_policy()
+  /// changes it in place).
+  std::shared_ptr<KernelPolicy> policy_;
 };
 TORCH_MODULE(TinyAttentionLM);
 
@@ -278,6 +283,11 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(false)},
                            {2, torch::nn::AnyValue(torch::Tensor())})
+
+ private:
+  /// The policy every module of this model holds (one object: set_kernel_policy()
+  /// changes it in place).
+  std::shared_ptr<KernelPolicy> policy_;
 };
 TORCH_MODULE(TransformerLM);
 

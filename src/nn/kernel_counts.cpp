@@ -1,0 +1,44 @@
+// Process-wide counts of the kernel choices (see kernel_counts.h): relaxed atomic
+// increments, one per product or attention pass, next to work of thousands of flops.
+#include "nn/kernel_counts.h"
+
+#include <atomic>
+#include <cstdint>
+
+namespace tinylm::nn {
+
+namespace {
+
+std::atomic<int64_t> g_gemm[4], g_attention_blas, g_attention_loops;
+
+}  // namespace
+
+void count_gemm(GemmBackend backend) {
+  g_gemm[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_attention_products(bool blas) {
+  (blas ? g_attention_blas : g_attention_loops).fetch_add(1, std::memory_order_relaxed);
+}
+
+KernelCounts kernel_counts() {
+  KernelCounts c;
+  c.gemm_libxsmm = g_gemm[static_cast<int>(GemmBackend::libxsmm)].load(std::memory_order_relaxed);
+  c.gemm_blas = g_gemm[static_cast<int>(GemmBackend::blas)].load(std::memory_order_relaxed);
+  c.gemm_hand = g_gemm[static_cast<int>(GemmBackend::hand)].load(std::memory_order_relaxed);
+  c.attention_blas = g_attention_blas.load(std::memory_order_relaxed);
+  c.attention_loops = g_attention_loops.load(std::memory_order_relaxed);
+  return c;
+}
+
+KernelCounts KernelCounts::operator-(const KernelCounts& o) const {
+  KernelCounts d;
+  d.gemm_libxsmm = gemm_libxsmm - o.gemm_libxsmm;
+  d.gemm_blas = gemm_blas - o.gemm_blas;
+  d.gemm_hand = gemm_hand - o.gemm_hand;
+  d.attention_blas = attention_blas - o.attention_blas;
+  d.attention_loops = attention_loops - o.attention_loops;
+  return d;
+}
+
+}  // namespace tinylm::nn

@@ -1,0 +1,15 @@
+// Where the kernel choices sent the work: counted by the kernels, read by kernel_counts()
+// (cpu_kernels.h).
+#pragma once
+
+#include <tinylm/nn/cpu_kernels.h>
+
+namespace tinylm::nn {
+
+/// One product run on `backend` (libxsmm, blas or hand).
+void count_gemm(GemmBackend backend);
+/// One fused-attention pass (forward or backward) with its T x T products through BLAS,
+/// or through the loops.
+void count_attention_products(bool blas);
+
+}  // namespace tinylm::nn
