@@ -4,6 +4,7 @@
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/kernel_policy.h>
 
+#include "nn/blas.h"
 #include "nn/cpu/kernels.h"
 #include "nn/kernel_counts.h"
 #include "tinylm_kernels_config.h"
@@ -17,11 +18,8 @@
 #include <libxsmm_version.h>
 #endif
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstdlib>
 #include <limits>
 #include <cstring>
@@ -32,62 +30,6 @@ namespace tinylm::nn {
 namespace {
 
 std::atomic<int> g_isa{-1};  // -1: not chosen yet; else a CpuIsa
-
-// ---- BLAS ------------------------------------------------------------------------------
-
-/// Fortran sgemm (column-major), as every BLAS exports it.
-using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
-                       const float*, const int*, const float*, const int*, const float*, float*,
-                       const int*);
-
-/// The sgemm_ of the BLAS already loaded with LibTorch (Debian's libtorch links
-/// libblas.so.3, which the alternatives system points at OpenBLAS), or null where no
-/// visible sgemm_ exists (a LibTorch with a private MKL): products then go through at::mm.
-Sgemm loaded_sgemm() {
-  static const Sgemm f = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
-  return f;
-}
-
-/// The CPU core OpenBLAS chose its kernels for ("Haswell", "SkylakeX", ...), or "" where
-/// the BLAS is not OpenBLAS. OPENBLAS_CORETYPE can hold it below what the CPU runs.
-std::string blas_core() {
-  static const std::string name = [] {
-    const auto f = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-    const char* n = f ? f() : nullptr;
-    return std::string(n ? n : "");
-  }();
-  return name;
-}
-
-/// Whether the BLAS runs AVX-512 kernels (OpenBLAS's names for its AVX-512 cores).
-bool blas_runs_avx512() {
-  const std::string core = blas_core();
-  for (const char* wide : {"SkylakeX", "Cooperlake", "SapphireRapids"})
-    if (core.find(wide) != std::string::npos) return true;
-  return false;
-}
-
-void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  if (const Sgemm sgemm = loaded_sgemm();
-      sgemm && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
-      ldc <= INT_MAX) {
-    // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ, and a row-major
-    // matrix's storage is its transpose in column-major: the same flags, A and B swapped.
-    const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
-    const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
-    const float one = 1.f, beta = accumulate ? 1.f : 0.f;
-    sgemm(tb ? "T" : "N", ta ? "T" : "N", &m, &n, &k, &one, B, &la, A, &lb, &beta, C, &lc);
-    return;
-  }
-  auto a = ta ? at::from_blob(const_cast<float*>(A), {K, M}, {lda, 1}).t()
-              : at::from_blob(const_cast<float*>(A), {M, K}, {lda, 1});
-  auto b = tb ? at::from_blob(const_cast<float*>(B), {N, K}, {ldb, 1}).t()
-              : at::from_blob(const_cast<float*>(B), {K, N}, {ldb, 1});
-  auto c = at::from_blob(C, {M, N}, {ldc, 1});
-  if (accumulate) c.addmm_(a, b);
-  else c.copy_(at::mm(a, b));
-}
 
 // ---- libxsmm ---------------------------------------------------------------------------
 
@@ -318,6 +260,13 @@ bool KernelPolicy::linear_uses_gemm(int64_t M, int64_t N, int64_t K) const {
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, GemmBackend backend) {
+  KernelPolicy policy;  // a default one, with `backend` for every product
+  policy.gemm = backend;
+  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const KernelPolicy& policy) {
   TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
               "gemm: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
@@ -328,9 +277,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
       for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
     return;
   }
-  if (backend == GemmBackend::automatic) backend = KernelPolicy{}.gemm_backend(M, N, K);
-  else TORCH_CHECK(gemm_backend_available(backend), "gemm: the ", to_string(backend),
-                   " backend is not available here");
+  const GemmBackend backend = policy.gemm_backend(M, N, K);
+  TORCH_CHECK(gemm_backend_available(backend), "gemm: the ", to_string(backend), " backend is not available here");
   count_gemm(backend);
   if (backend == GemmBackend::blas) {
     blas_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
@@ -338,7 +286,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
   }
 #ifdef TINYLM_HAVE_LIBXSMM
   const bool small = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <=
-                     KernelPolicy{}.small_gemm_flops;
+                     policy.small_gemm_flops;
   // A larger product: tiles, which copy B into panels themselves (from either orientation).
   if (backend == GemmBackend::libxsmm && !small) {
     if (!xsmm_tiled_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate))
@@ -374,7 +322,7 @@ std::string cpu_kernels_description() {
   s += cpu_isa() != CpuIsa::generic ? "hand kernel (tinylm built without libxsmm)" : "BLAS";
 #endif
   s += " up to " + std::to_string(static_cast<int64_t>(KernelPolicy{}.small_gemm_flops / 1e6)) + " MFLOP, ";
-  const std::string blas = loaded_sgemm() ? "BLAS sgemm" : "LibTorch's matmul (no sgemm_ symbol visible)";
+  const std::string blas = blas_sgemm_visible() ? "BLAS sgemm" : "LibTorch's matmul (no sgemm_ symbol visible)";
   const std::string core = blas_core().empty() ? "" : " (OpenBLAS " + blas_core() + ")";
   std::string large = blas + core;
 #ifdef TINYLM_HAVE_LIBXSMM

@@ -71,7 +71,7 @@ const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 void product(const KernelPolicy& policy, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
              const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
              bool accumulate = false) {
-  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy.gemm_backend(M, N, K));
+  gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy);
 }
 
 class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {

@@ -31,8 +31,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     auto y = torch::empty({M, N}, x.options());
     const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
     if (has_bias) y.copy_(bias.expand({M, N}));
-    nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias,
-             policy.gemm_backend(M, N, K));
+    nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias, policy);
     ctx->save_for_backward({x2, w});
     save_policy(ctx, policy);
     ctx->saved_data["has_bias"] = has_bias;
@@ -53,12 +52,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       dx = torch::empty({M, K}, x.options());
-      nn::gemm(false, false, M, K, N, floats(dy), N, floats(w), K, floats(dx), K, false, policy.gemm_backend(M, K, N));
+      nn::gemm(false, false, M, K, N, floats(dy), N, floats(w), K, floats(dx), K, false, policy);
       dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
       dw = torch::empty({N, K}, x.options());
-      nn::gemm(true, false, N, K, M, floats(dy), N, floats(x), K, floats(dw), K, false, policy.gemm_backend(N, K, M));
+      nn::gemm(true, false, N, K, M, floats(dy), N, floats(x), K, floats(dw), K, false, policy);
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db, torch::Tensor()};

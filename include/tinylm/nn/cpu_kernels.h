@@ -64,6 +64,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
           bool accumulate = false, GemmBackend backend = GemmBackend::automatic);
 
+struct KernelPolicy;  // kernel_policy.h
+/// The same product on the backend `policy` picks for its shape (gemm_backend), a small
+/// one (policy.small_gemm_flops) as one libxsmm kernel, a larger one in its tiles.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
+          const KernelPolicy& policy);
+
 /// Where the kernel choices sent the work since the process started: products gemm() ran
 /// on each backend (the one chosen; libxsmm falls back inside for a shape it has no kernel
 /// for), and fused-attention passes, forward and backward, whose T x T products went
