@@ -11,7 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tinylm::RunConfig config;
   try {
     tinylm::apply_toml(config, std::string(reinterpret_cast<const char*>(data), size), "fuzz.toml");
-    tinylm::validate(config);
+    tinylm::check_config(config);
     tinylm::to_toml(config);
   } catch (const c10::Error&) {
   }

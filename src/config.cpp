@@ -360,7 +360,7 @@ std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& p
                     internal::printable(path));
 }
 
-void validate(const RunConfig& c) {
+void check_config(const RunConfig& c) {
   for (const auto& f : config_fields())
     if (!f.choices.empty()) check_one_of(f.name.c_str(), std::get<std::string>(f.get(c)), f.choices);
   // A key given for another model or task kind would be silently unused: refused.

@@ -63,19 +63,19 @@ train::TrainerOptions checked_trainer_options(const RunConfig& c) {
 }  // namespace
 
 nn::LanguageModel build_model(const RunConfig& c) {
-  validate(c);
+  check_config(c);
   return build_checked_model(c);
 }
 
 std::unique_ptr<data::Task> make_task(const RunConfig& c) { return data::make_task(c.task, c.task_settings()); }
 
 train::TrainerOptions trainer_options(const RunConfig& c) {
-  validate(c);
+  check_config(c);
   return checked_trainer_options(c);
 }
 
 train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGroup> group) {
-  validate(c);
+  check_config(c);
   auto options = checked_trainer_options(c);
   // Each process of a job on one host takes its own GPU (LOCAL_RANK).
   if (group) options.device(train::resolve_device(c.device, group->options().local_rank));
@@ -101,7 +101,7 @@ RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
                    "ignored", ck.path, internal::printable(key));
   // The model is the one the checkpoint stores; its recipe is how it came about.
   if (!ck.architecture.kind.empty()) set_model(c, ck.architecture);
-  validate(c);
+  check_config(c);
   return c;
 }
 
@@ -128,7 +128,7 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   run.config = config_from_checkpoint(run.checkpoint);
   auto& cfg = run.config;
   if (!data_override.empty()) cfg.set("data", data_override);
-  validate(cfg);  // a data path for a task that reads none is refused
+  check_config(cfg);  // a data path for a task that reads none is refused
   run.device = train::resolve_device(options.device);
   check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = nn::build_model(run.checkpoint.architecture);

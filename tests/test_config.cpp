@@ -23,7 +23,7 @@ TEST_CASE("defaults are the reference run and validate", "[config]") {
   CHECK(c.total_steps() == 360);
   CHECK(c.trainer.optimizer().lr() == 5e-3);
   CHECK(c.trainer.seed() == 42);
-  validate(c);
+  check_config(c);
 }
 
 TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
@@ -36,7 +36,7 @@ TEST_CASE("to_toml and apply_toml round-trip every field", "[config]") {
   c.set("pre-ln", false);
   c.task_options.data("some \"quoted\" path\\x");
   c.set("n-layers", 7);
-  validate(c);
+  check_config(c);
   RunConfig back;
   const auto keys = apply_toml(back, to_toml(c), "round-trip");
   // Every field but the older spellings that are read and never written, and in-memory
@@ -68,30 +68,30 @@ TEST_CASE("a key the chosen model or task kind does not take is refused, naming 
           "[config][errors]") {
   RunConfig c;
   c.set("n-layers", 8);
-  CHECK_THAT(error_message([&] { validate(c); }),
+  CHECK_THAT(error_message([&] { check_config(c); }),
              Catch::StartsWith("n-layers is not an option of model tiny (its options: vocab-size, context-length, "
                                "d-model, n-heads, ") &&
                  Catch::Contains("n-layers is for model transformer; drop it, or set model to one of those"));
   c.set("model", "transformer");  // given in any order: the final kinds decide
-  validate(c);
+  check_config(c);
   CHECK(takes(c, *find_config_field("n-layers")));
 
   RunConfig file;
   apply_toml(file, "d-model = 16\npre-ln = true\n", "x.toml");
-  CHECK_THAT(error_message([&] { validate(file); }), Catch::StartsWith("x.toml:2: pre-ln is not an option of model tiny"));
+  CHECK_THAT(error_message([&] { check_config(file); }), Catch::StartsWith("x.toml:2: pre-ln is not an option of model tiny"));
   RunConfig old;  // the older spelling of attention-kernel, which tiny has too
   apply_toml(old, "fused-attention = false\n", "x.toml");
-  validate(old);
+  check_config(old);
 
   RunConfig data;
   data.set("data", "/etc/passwd");
-  CHECK_THAT(error_message([&] { validate(data); }),
+  CHECK_THAT(error_message([&] { check_config(data); }),
              Catch::StartsWith("task repeat reads no data (it reads seq-len, vocab-size): data is for task text, "
                                "tokens"));
   data.set("task", "tokens");
-  validate(data);
+  check_config(data);
   data.set("val-fraction", 0.2);
-  CHECK_THAT(error_message([&] { validate(data); }),
+  CHECK_THAT(error_message([&] { check_config(data); }),
              Catch::StartsWith("task tokens reads no val-fraction") && Catch::Contains("val-fraction is for task text"));
 }
 
@@ -139,7 +139,7 @@ TEST_CASE("validate names the field, the value and the rule", "[config][errors]"
   auto bad = [](auto edit) {
     RunConfig c;
     edit(c);
-    return error_message([&] { validate(c); });
+    return error_message([&] { check_config(c); });
   };
   CHECK_THAT(bad([](RunConfig& c) { c.trainer.optimizer().lr(0); }), Catch::Contains("lr must be a finite number > 0, got 0"));
   CHECK_THAT(bad([](RunConfig& c) { c.task = "addition"; }),
@@ -182,7 +182,7 @@ TEST_CASE("every shipped config file parses and validates", "[config][configs]")
     RunConfig c;
     apply_toml_file(c, entry.path().string());
     if (c.task == "text") c.task_options.data(TINYLM_SOURCE_DIR "/" + c.task_options.data());
-    validate(c);
+    check_config(c);
     ++n;
   }
   CHECK(n >= 5);
@@ -192,16 +192,16 @@ TEST_CASE("settings whose products overflow or that are not finite are refused",
   RunConfig c;
   c.trainer.epochs(4611686018427387904);  // 2^62
   c.trainer.steps_per_epoch(4);
-  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("overflows the step counter"));
+  CHECK_THAT(error_message([&] { check_config(c); }), Catch::Contains("overflows the step counter"));
   c = RunConfig{};
   c.trainer.grad_accum(1000000000000000000);
-  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("overflows the token counter"));
+  CHECK_THAT(error_message([&] { check_config(c); }), Catch::Contains("overflows the token counter"));
   c = RunConfig{};
   c.trainer.optimizer().weight_decay(INFINITY);
-  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("weight-decay must be a finite number"));
+  CHECK_THAT(error_message([&] { check_config(c); }), Catch::Contains("weight-decay must be a finite number"));
   c = RunConfig{};
   c.trainer.grad_clip(NAN);
-  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("grad-clip must be a finite number"));
+  CHECK_THAT(error_message([&] { check_config(c); }), Catch::Contains("grad-clip must be a finite number"));
 }
 
 TEST_CASE("config keys with control characters are shown escaped on one line", "[config][errors]") {

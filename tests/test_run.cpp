@@ -72,7 +72,7 @@ TEST_CASE("model_architecture carries the config's model settings", "[run]") {
   c.model = "mamba";
   CHECK_THAT(error_message([&] { model_architecture(c); }),
              Catch::Contains("cannot build a model of kind 'mamba': the kinds known are tiny, transformer"));
-  CHECK_THAT(error_message([&] { validate(c); }), Catch::Contains("model must be one of tiny, transformer, got 'mamba'"));
+  CHECK_THAT(error_message([&] { check_config(c); }), Catch::Contains("model must be one of tiny, transformer, got 'mamba'"));
 }
 
 TEST_CASE("build_model draws the run seed's weights and leaves the global generator alone", "[run]") {

@@ -49,7 +49,7 @@ int run_import(const ImportArgs& a) {
   cfg.set("optimizer", "adamw");           // nanoGPT's (any optimizer may be chosen: no state is stored)
   cfg.trainer.out_dir(std::filesystem::path(a.out).has_parent_path()
                     ? std::filesystem::path(a.out).parent_path().string() : ".");
-  validate(cfg);
+  check_config(cfg);
   train::TrainingState state;
   state.step = imported.iter_num;
   state.epoch_loss_steps = 0;  // nanoGPT's losses are not known: epoch means count tinylm's steps only

@@ -103,7 +103,7 @@ RunConfig effective_config(const TrainArgs& args, RunConfig base, bool* out_dir_
     *out_dir_chosen = args.given.at("out-dir")->count() > 0 ||
                       std::find(from_file.begin(), from_file.end(), "out-dir") != from_file.end();
   }
-  validate(base);
+  check_config(base);
   return base;
 }
 

@@ -45,7 +45,7 @@ struct RunConfig {
   int64_t threads = 1;               // intra-op CPU threads; 0 = LibTorch's default
 
   /// The keys given on purpose, each with where: "run.toml:3" (apply_toml), "" (set(), a
-  /// flag). validate() refuses one that the chosen model kind or task kind does not take,
+  /// flag). check_config() refuses one that the chosen model kind or task kind does not take,
   /// naming where. What a stored recipe sets is not given (an older one holds every
   /// kind's keys): config_from_checkpoint() clears this.
   std::map<std::string, std::string> given;
@@ -103,7 +103,7 @@ T RunConfig::get(const std::string& key) const {
 }
 
 /// The values a field takes, in words: "one of a, b" or its rule ("must be >= 1"); ""
-/// when any value of its type goes (rules between fields are validate()'s).
+/// when any value of its type goes (rules between fields are check_config()'s).
 std::string accepted_values(const ConfigField& field);
 
 /// Whether the config's model kind and task kind use the field (the model's own options,
@@ -113,7 +113,7 @@ bool takes(const RunConfig& config, const ConfigField& field);
 /// Throws with the field's name, its value and the rule when a value is invalid, and at
 /// the first given key (RunConfig::given) that the chosen kinds do not take, naming where
 /// it was given and the kinds that take it.
-void validate(const RunConfig& config);
+void check_config(const RunConfig& config);
 
 /// The config as TOML (flat keys, grouped by comments): the keys the config takes, so a
 /// recipe holds its own model's and task's options only; apply_toml() reads it back.

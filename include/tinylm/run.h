@@ -16,7 +16,7 @@
 namespace tinylm {
 
 /// The model a run config describes, as an architecture: its kind's options, each from
-/// the config (context-length 0 made seq-len). Not validated (validate() checks it).
+/// the config (context-length 0 made seq-len). Not checked (check_config() checks it).
 nn::ModelArchitecture model_architecture(const RunConfig& config);
 
 /// model_architecture()'s inverse: the config's model becomes that architecture's kind

@@ -86,12 +86,12 @@ MultiHeadSelfAttentionImpl::MultiHeadSelfAttentionImpl(
 }
 
 void MultiHeadSelfAttentionImpl::reset() {
-  const int64_t D = options.d_model(), H = options.n_heads(), C = options.max_context_length();
+  const int64_t D = options.d_model(), H = options.n_heads(), C = options.context_length();
   TORCH_CHECK(D >= 1, "MultiHeadSelfAttention: d_model must be >= 1, got ", D);
   TORCH_CHECK(H >= 1, "MultiHeadSelfAttention: n_heads must be >= 1, got ", H);
   TORCH_CHECK(D % H == 0, "MultiHeadSelfAttention: d_model ", D,
               " must be divisible by n_heads ", H);
-  TORCH_CHECK(C >= 1, "MultiHeadSelfAttention: max_context_length must be >= 1, got ", C);
+  TORCH_CHECK(C >= 1, "MultiHeadSelfAttention: context_length must be >= 1, got ", C);
   TORCH_CHECK(options.attn_dropout() >= 0 && options.attn_dropout() < 1,
               "MultiHeadSelfAttention: attn_dropout must be in [0, 1), got ",
               options.attn_dropout());
@@ -110,8 +110,8 @@ void MultiHeadSelfAttentionImpl::reset_parameters() {
 
 void MultiHeadSelfAttentionImpl::pretty_print(std::ostream& os) const {
   os << "tinylm::nn::MultiHeadSelfAttention(d_model=" << options.d_model()
-     << ", n_heads=" << options.n_heads() << ", max_context_length="
-     << options.max_context_length() << ", causal=" << (options.causal() ? "true" : "false")
+     << ", n_heads=" << options.n_heads() << ", context_length="
+     << options.context_length() << ", causal=" << (options.causal() ? "true" : "false")
      << ")";
 }
 
@@ -123,13 +123,6 @@ const char* to_string(AttentionKernel kernel) {
     case AttentionKernel::sdpa: return "sdpa";
   }
   return "?";
-}
-
-AttentionKernel attention_kernel_from_string(const std::string& name) {
-  for (auto k : {AttentionKernel::automatic, AttentionKernel::plain, AttentionKernel::fused,
-                 AttentionKernel::sdpa})
-    if (name == to_string(k)) return k;
-  TORCH_CHECK(false, "unknown attention kernel '", printable(name), "': use automatic, plain, fused or sdpa");
 }
 
 AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, bool return_weights,
@@ -172,8 +165,8 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
   TORCH_CHECK(x.size(2) == D, "MultiHeadSelfAttention: input feature dim ", x.size(2),
               " does not match d_model ", D);
   TORCH_CHECK(T >= 1, "MultiHeadSelfAttention: sequence length must be >= 1, got ", T);
-  TORCH_CHECK(T <= options.max_context_length(), "MultiHeadSelfAttention: sequence length ", T,
-              " exceeds max_context_length ", options.max_context_length());
+  TORCH_CHECK(T <= options.context_length(), "MultiHeadSelfAttention: sequence length ", T,
+              " exceeds context_length ", options.context_length());
 
   const KernelPolicy& policy = *options.kernel_policy();
   auto qkv_all = linear(x, qkv_proj->weight, qkv_proj->bias, policy);  // (B, T, 3D)
@@ -229,8 +222,8 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   TORCH_CHECK(x.dim() == 3 && x.size(2) == D, "MultiHeadSelfAttention: expected new tokens (B, Tn, ",
               D, "), got ", x.sizes());
   const int64_t Tn = x.size(1), Tc = keys.defined() ? keys.size(2) : 0;
-  TORCH_CHECK(Tc + Tn <= options.max_context_length(), "MultiHeadSelfAttention: cached length ",
-              Tc, " + new tokens ", Tn, " exceeds max_context_length ", options.max_context_length());
+  TORCH_CHECK(Tc + Tn <= options.context_length(), "MultiHeadSelfAttention: cached length ",
+              Tc, " + new tokens ", Tn, " exceeds context_length ", options.context_length());
   const KernelPolicy& policy = *options.kernel_policy();
   auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, policy).chunk(3, /*dim=*/-1);                // 3 x (B, Tn, D)
   auto q = split_heads(qkv[0], H);                            // (B, H, Tn, Dh)

@@ -16,9 +16,9 @@ namespace {
 /// Checks rows [start, start + length) of a positional table of C rows.
 void check_rows(const char* who, int64_t C, int64_t start, int64_t length) {
   TORCH_CHECK(length >= 1, who, ": seq_len must be >= 1, got ", length);
-  TORCH_CHECK(start != 0 || length <= C, who, ": seq_len ", length, " exceeds max_context_length ", C);
+  TORCH_CHECK(start != 0 || length <= C, who, ": seq_len ", length, " exceeds context_length ", C);
   TORCH_CHECK(start >= 0 && start + length <= C, who, ": positions [", start, ", ", start + length,
-              ") exceed max_context_length ", C);
+              ") exceed context_length ", C);
 }
 
 /// Rows [start, start + length) of a positional table (C, D), checked against C.
@@ -71,13 +71,13 @@ LearnedPositionalEmbeddingImpl::LearnedPositionalEmbeddingImpl(
 }
 
 void LearnedPositionalEmbeddingImpl::reset() {
-  TORCH_CHECK(options.max_context_length() >= 1,
-              "LearnedPositionalEmbedding: max_context_length must be >= 1, got ",
-              options.max_context_length());
+  TORCH_CHECK(options.context_length() >= 1,
+              "LearnedPositionalEmbedding: context_length must be >= 1, got ",
+              options.context_length());
   TORCH_CHECK(options.d_model() >= 1, "LearnedPositionalEmbedding: d_model must be >= 1, got ",
               options.d_model());
   weight = register_parameter(
-      "weight", torch::empty({options.max_context_length(), options.d_model()}));
+      "weight", torch::empty({options.context_length(), options.d_model()}));
   reset_parameters();
 }
 
@@ -87,8 +87,8 @@ void LearnedPositionalEmbeddingImpl::reset_parameters() {
 }
 
 void LearnedPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
-  os << "tinylm::nn::LearnedPositionalEmbedding(max_context_length="
-     << options.max_context_length() << ", d_model=" << options.d_model() << ")";
+  os << "tinylm::nn::LearnedPositionalEmbedding(context_length="
+     << options.context_length() << ", d_model=" << options.d_model() << ")";
 }
 
 torch::Tensor LearnedPositionalEmbeddingImpl::forward(int64_t seq_len) {
@@ -113,8 +113,8 @@ struct SinusoidalPositionalEmbeddingImpl::Table {
 };
 
 void SinusoidalPositionalEmbeddingImpl::reset() {
-  const int64_t C = options.max_context_length(), D = options.d_model();
-  TORCH_CHECK(C >= 1, "SinusoidalPositionalEmbedding: max_context_length must be >= 1, got ", C);
+  const int64_t C = options.context_length(), D = options.d_model();
+  TORCH_CHECK(C >= 1, "SinusoidalPositionalEmbedding: context_length must be >= 1, got ", C);
   TORCH_CHECK(D >= 1, "SinusoidalPositionalEmbedding: d_model must be >= 1, got ", D);
   TORCH_CHECK(D % 2 == 0, "SinusoidalPositionalEmbedding: d_model must be even, got ", D);
   TORCH_CHECK(options.base() > 0, "SinusoidalPositionalEmbedding: base must be > 0, got ",
@@ -124,15 +124,15 @@ void SinusoidalPositionalEmbeddingImpl::reset() {
 }
 
 void SinusoidalPositionalEmbeddingImpl::pretty_print(std::ostream& os) const {
-  os << "tinylm::nn::SinusoidalPositionalEmbedding(max_context_length="
-     << options.max_context_length() << ", d_model=" << options.d_model()
+  os << "tinylm::nn::SinusoidalPositionalEmbedding(context_length="
+     << options.context_length() << ", d_model=" << options.d_model()
      << ", base=" << options.base() << ")";
 }
 
 torch::Tensor SinusoidalPositionalEmbeddingImpl::forward(int64_t seq_len) { return rows(0, seq_len); }
 
 torch::Tensor SinusoidalPositionalEmbeddingImpl::rows(int64_t start, int64_t length) {
-  const int64_t C = options.max_context_length();
+  const int64_t C = options.context_length();
   check_rows("SinusoidalPositionalEmbedding", C, start, length);
   std::lock_guard<std::mutex> lock(table_->mutex);
   auto& table = table_->rows;

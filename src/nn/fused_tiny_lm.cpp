@@ -7,7 +7,7 @@
 //           o = c Woᵀ + bo             (N, D)
 //           z = o Whᵀ + bh             (N, V)
 //           loss = mean over counted n (logsumexp(z_n) - z_n[target_n])
-//           (n is counted when target_n != kIgnoreTarget; M = their number)
+//           (n is counted when target_n != the ignored target; M = their number)
 // Backward: dz = (softmax(z) - onehot) / M (0 on ignored rows), then each product's two
 //           gradients in turn; dE accumulates dx rows at their ids.
 //
@@ -24,6 +24,7 @@
 
 #include "attention_kernels.h"
 #include "nn/saved_policy.h"
+#include "nn/token_ids.h"
 
 #include <torch/torch.h>
 
@@ -81,7 +82,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
                                const torch::Tensor& pe_in, const torch::Tensor& Wqkv_in,
                                const torch::Tensor& bqkv, const torch::Tensor& Wo_in,
                                const torch::Tensor& bo, const torch::Tensor& Wh_in,
-                               const torch::Tensor& bh, int64_t n_heads, const KernelPolicy& policy) {
+                               const torch::Tensor& bh, int64_t n_heads, int64_t ignore, const KernelPolicy& policy) {
     auto ids = ids_in.contiguous(), targets = targets_in.contiguous();
     auto E = E_in.contiguous(), pe = pe_in.contiguous();
     auto Wqkv = Wqkv_in.contiguous(), Wo = Wo_in.contiguous(), Wh = Wh_in.contiguous();
@@ -100,9 +101,9 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     check_token_range("TinyAttentionLM", lo, hi, rows);
     int64_t count = 0;
     for (int64_t n = 0; n < N; ++n) {
-      TORCH_CHECK(tg[n] == kIgnoreTarget || (tg[n] >= 0 && tg[n] < V), "fused_tiny_lm_loss: target ",
+      TORCH_CHECK(tg[n] == ignore || (tg[n] >= 0 && tg[n] < V), "fused_tiny_lm_loss: target ",
                   tg[n], " out of range [0, ", V, ")");
-      count += tg[n] != kIgnoreTarget;
+      count += tg[n] != ignore;
     }
 
     auto ws = torch::empty({L.size()}, E.options());
@@ -130,7 +131,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
 
     // Softmax cross-entropy over the counted rows; z becomes dz = (softmax - onehot) / count
     // (0 on ignored rows). No counted row: the loss is NaN, as cross_entropy gives.
-    const double loss = cpu::table().softmax_cross_entropy(z, tg, N, V, kIgnoreTarget,
+    const double loss = cpu::table().softmax_cross_entropy(z, tg, N, V, ignore,
                                                            1.f / static_cast<float>(count));
     ctx->save_for_backward({ids, ws, Wqkv, Wo, Wh});
     ctx->saved_data["n_heads"] = n_heads;
@@ -193,32 +194,30 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
       }
     }
     return {torch::Tensor(), torch::Tensor(), dE, torch::Tensor(), dWqkv, dbqkv,
-            dWo,             dbo,             dWh, dbh, torch::Tensor(), torch::Tensor()};
+            dWo,             dbo,             dWh, dbh, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-bool fused_tiny_lm_supported(const TinyAttentionLMImpl& m) {
-  const auto& w = m.token_embedding->weight;
-  return w.device().is_cpu() && w.scalar_type() == torch::kFloat32 &&
-         m.attention->options.causal() && m.attention->qkv_proj->bias.defined();
+bool fused_tiny_lm_supported(const TinyLMTensors& m) {
+  for (const auto* t : {&m.embedding, &m.positions, &m.qkv_weight, &m.qkv_bias, &m.out_weight, &m.out_bias,
+                        &m.head_weight, &m.head_bias})
+    if (!t->defined() || !t->device().is_cpu() || t->scalar_type() != torch::kFloat32) return false;
+  return true;
 }
 
-torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& ids,
-                                 const torch::Tensor& targets) {
-  TORCH_CHECK(fused_tiny_lm_supported(m),
-              "fused_tiny_lm_loss: needs float32 CPU parameters and causal attention");
-  check_token_shape("TinyAttentionLM", ids, m.options.context_length());  // the range: in forward
+torch::Tensor fused_tiny_lm_loss(const TinyLMTensors& m, const torch::Tensor& ids, const torch::Tensor& targets,
+                                 const KernelPolicy& policy) {
+  TORCH_CHECK(fused_tiny_lm_supported(m), "fused_tiny_lm_loss: needs float32 CPU parameters, every bias there");
+  check_token_shape("TinyAttentionLM", ids, m.context_length);  // the range: in forward
   TORCH_CHECK(targets.sizes() == ids.sizes() && targets.scalar_type() == torch::kLong,
               "fused_tiny_lm_loss: targets must be int64 of the ids' shape ", ids.sizes(),
               ", got ", targets.sizes());
-  const int64_t T = ids.size(1);
-  auto& a = *m.attention;
-  return FusedTinyLMLoss::apply(ids, targets, m.token_embedding->weight, m.sinusoidal_positions->forward(T),
-                                a.qkv_proj->weight, a.qkv_proj->bias, a.out_proj->weight,
-                                a.out_proj->bias, m.lm_head->weight, m.lm_head->bias,
-                                a.options.n_heads(), *a.options.kernel_policy())[0];
+  TORCH_CHECK(m.positions.dim() == 2 && m.positions.size(0) == ids.size(1),
+              "fused_tiny_lm_loss: positions must be (T, D) for T ", ids.size(1), ", got ", m.positions.sizes());
+  return FusedTinyLMLoss::apply(ids, targets, m.embedding, m.positions, m.qkv_weight, m.qkv_bias, m.out_weight,
+                                m.out_bias, m.head_weight, m.head_bias, m.n_heads, m.ignore_target, policy)[0];
 }
 
 }  // namespace tinylm::nn

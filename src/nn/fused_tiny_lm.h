@@ -1,29 +1,37 @@
-// The whole TinyAttentionLM training loss as one autograd op (CPU, float32).
+// The whole TinyAttentionLM training loss as one autograd op (CPU, float32), on the
+// model's tensors: it knows the model's shape, not its class.
 // B = batch, T = sequence length, D = d_model, V = vocab size, N = B * T
 #pragma once
 
-#include <tinylm/nn/model.h>
+#include <tinylm/nn/kernel_policy.h>
 
 #include <torch/types.h>
 
+#include <cstdint>
+
 namespace tinylm::nn {
 
-/// Mean next-token cross-entropy of `model` on ids (B, T) -> targets (B, T), equal to
-/// cross_entropy(model->forward(ids).logits, targets) but computed as one operation
-/// (embedding + positions, QKV projection, causal attention, output projection, LM head,
-/// softmax cross-entropy) with a hand-written backward that yields the gradients of all
-/// seven parameters at once. For tiny models, whose step time is per-operator overhead,
-/// this replaces ~60 dispatched operations with ~14 matrix products and a few loops.
-torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& model, const torch::Tensor& ids,
-                                 const torch::Tensor& targets);
+/// The tiny model's parameters as the fused loss takes them: the token embedding (V, D),
+/// the sinusoid rows for the batch's length (T, D), the QKV and output projections and
+/// the LM head as Linear stores them, each with its bias.
+struct TinyLMTensors {
+  torch::Tensor embedding, positions, qkv_weight, qkv_bias, out_weight, out_bias, head_weight, head_bias;
+  int64_t n_heads = 1;
+  int64_t context_length = 0;
+  int64_t ignore_target = 0;  // targets equal to it are not scored (kIgnoreTarget, model.h)
+};
 
-/// check_token_ids (model.h) in two halves, for the fused loss, which finds the smallest
-/// and largest id in the pass that gathers the embeddings: rank, dtype, non-empty and
-/// length; then the range.
-void check_token_shape(const char* who, const torch::Tensor& ids, int64_t context_length);
-void check_token_range(const char* who, int64_t min_id, int64_t max_id, int64_t vocab_size);
+/// Whether fused_tiny_lm_loss takes them: float32 CPU parameters, every bias there.
+bool fused_tiny_lm_supported(const TinyLMTensors& model);
 
-/// Whether fused_tiny_lm_loss applies: float32 CPU parameters, causal attention.
-bool fused_tiny_lm_supported(const TinyAttentionLMImpl& model);
+/// Mean next-token cross-entropy of the model on ids (B, T) -> targets (B, T), equal to
+/// cross_entropy(forward(ids).logits, targets) with causal attention, but computed as one
+/// operation (embedding + positions, QKV projection, causal attention, output projection,
+/// LM head, softmax cross-entropy) with a hand-written backward that yields the gradients
+/// of all seven parameters at once, its products as `policy` says. For tiny models, whose
+/// step time is per-operator overhead, this replaces ~60 dispatched operations with ~14
+/// matrix products and a few loops.
+torch::Tensor fused_tiny_lm_loss(const TinyLMTensors& model, const torch::Tensor& ids,
+                                 const torch::Tensor& targets, const KernelPolicy& policy);
 
 }  // namespace tinylm::nn

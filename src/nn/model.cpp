@@ -4,38 +4,19 @@
 // counts, which must agree with what the modules register.
 #include <tinylm/log.h>
 #include <tinylm/nn/model.h>
-#include <tinylm/nn/model_kind.h>
 
 #include "internal/text.h"
-#include "nn/builtin_kinds.h"
 #include "nn/fused_tiny_lm.h"
 #include "nn/linear.h"
+#include "nn/token_ids.h"
 
 #include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <cmath>
-#include <functional>
 #include <unordered_set>
 
 namespace tinylm::nn {
-
-void check_token_shape(const char* who, const torch::Tensor& ids, int64_t context_length) {
-  TORCH_CHECK(ids.defined(), who, ": token ids are undefined");
-  TORCH_CHECK(ids.dim() == 2, who, ": expected token ids of rank 2 (B, T), got rank ", ids.dim(),
-              " with shape ", ids.sizes());
-  TORCH_CHECK(ids.scalar_type() == torch::kLong, who, ": token ids must be int64, got ",
-              ids.scalar_type());
-  TORCH_CHECK(ids.size(0) >= 1 && ids.size(1) >= 1, who, ": token ids must be non-empty, got shape ",
-              ids.sizes());
-  TORCH_CHECK(ids.size(1) <= context_length, who, ": sequence length ", ids.size(1),
-              " exceeds context_length ", context_length);
-}
-
-void check_token_range(const char* who, int64_t min_id, int64_t max_id, int64_t vocab_size) {
-  TORCH_CHECK(min_id >= 0 && max_id < vocab_size, who, ": token ids must be in [0, ", vocab_size,
-              "), got ids in [", min_id, ", ", max_id, "]");
-}
 
 void check_token_ids(const char* who, const torch::Tensor& ids, int64_t vocab_size,
                      int64_t context_length) {
@@ -109,51 +90,6 @@ std::string even_width_for_sinusoids(int64_t d_model, Spelling s) {
   return c10::str(spell("d_model", s), " must be even for sinusoidal positions, got ", d_model);
 }
 
-/// Parameter elements, in double (sizes read from a file may be absurd): what the
-/// modules below register, matrix by matrix.
-double tiny_parameter_elements(const TinyAttentionLMOptions& o) {
-  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model());
-  return v * d                  // token embedding
-         + 4 * d * d + 4 * d    // qkv and output projections, with biases
-         + d * v + v;           // lm_head, with bias
-}
-double transformer_parameter_elements(const TransformerLMOptions& o) {
-  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model()),
-               c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
-               e = static_cast<double>(o.mlp_expansion());
-  const double biases = o.bias() ? 4 * d + e * d + d : 0;  // attention (qkv, out), mlp (fc, proj)
-  const double norm = o.layer_norm_bias() ? 2 * d : d;  // a LayerNorm's gain (and bias)
-  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 2 * norm;  // + two LayerNorms
-  return v * d + (o.positions() == PositionEncoding::learned ? c * d : 0) + l * per_layer +
-         norm                                   // ln_f
-         + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
-}
-
-/// The memory of a batch (B rows of T tokens) for a stack of `layers` attention layers
-/// of width D and H heads: training keeps, per token and layer, `train_widths` x D values
-/// (the block's inputs, q/k/v, the attention context and output, the MLP's hidden
-/// activations) and per (row, head) the T x T attention weights, and at the top the
-/// logits and their gradient; inference holds one layer's worth (`infer_widths` x D) and
-/// the logits. Buffers: the causal mask (T x T bool, made per call) and, with sinusoidal
-/// positions, the rows kept for the longest length run (grown by doubling: under 2T).
-BatchMemory stack_memory(double V, double C, double D, double H, double layers, double train_widths,
-                         double infer_widths, bool sinusoidal, double B, double T, bool training) {
-  BatchMemory m;
-  const double attention = B * H * T * T;
-  m.activation_bytes = training ? 4 * (layers * (train_widths * D * B * T + attention) + 2 * B * T * V)
-                                : 4 * (infer_widths * D * B * T + attention + B * T * V);
-  m.buffer_bytes = T * T + (sinusoidal ? 4 * std::min(C, 2 * T) * D : 0);
-  return m;
-}
-BatchMemory tiny_memory(const TinyAttentionLMOptions& o, double B, double T, bool training) {
-  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), 1, 5, 5, true, B, T, training);
-}
-BatchMemory transformer_memory(const TransformerLMOptions& o, double B, double T, bool training) {
-  const double e = static_cast<double>(o.mlp_expansion());
-  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), o.n_layers(), 10 + 2 * e,
-                      4 + e, o.positions() == PositionEncoding::sinusoidal, B, T, training);
-}
-
 }  // namespace
 
 const OptionSpec<TinyAttentionLMOptions>& TinyAttentionLMOptions::spec() {
@@ -203,22 +139,6 @@ const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
   return spec;
 }
 
-std::vector<ModelKind> builtin_model_kinds() {
-  return {model_kind<TinyAttentionLMImpl>("tiny", 1,
-                                          "the reference TinyAttentionLM: embedding, sinusoidal positions, "
-                                          "one attention layer, LM head",
-                                          TinyAttentionLMOptions::spec(), TinyAttentionLMOptions(0, 0, 0, 0),
-                                          std::function<double(const TinyAttentionLMOptions&)>(tiny_parameter_elements),
-                                          std::function<BatchMemory(const TinyAttentionLMOptions&, double, double, bool)>(
-                                              tiny_memory)),
-          model_kind<TransformerLMImpl>("transformer", 1, "a GPT-2 style block stack",
-                                        TransformerLMOptions::spec(), TransformerLMOptions(0, 0, 0, 0, 0),
-                                        std::function<double(const TransformerLMOptions&)>(
-                                            transformer_parameter_elements),
-                                        std::function<BatchMemory(const TransformerLMOptions&, double, double, bool)>(
-                                            transformer_memory))};
-}
-
 // ---- TinyAttentionLM -----------------------------------------------------------
 
 TinyAttentionLMImpl::TinyAttentionLMImpl(const TinyAttentionLMOptions& options_)
@@ -264,11 +184,17 @@ torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::T
   call.dropout = is_training() && attention->options.attn_dropout() > 0;
   call.grad_enabled = torch::GradMode::is_enabled();
   const KernelPolicy& policy = *policy_;
+  const int64_t T = call.seq_len;
   // (Its attention products run on the loops: where the policy wants BLAS, the module runs.)
-  if (policy.fuse_whole_model && ids.dim() == 2 && !policy.attention_products_use_blas(call.seq_len) &&
-      policy.attention_kernel(options.attention_kernel(), call) == AttentionKernel::fused &&
-      fused_tiny_lm_supported(*this))
-    return fused_tiny_lm_loss(*this, ids, targets);
+  if (policy.fuse_whole_model && T >= 1 && T <= options.context_length() && attention->options.causal() &&
+      !policy.attention_products_use_blas(T) &&
+      policy.attention_kernel(options.attention_kernel(), call) == AttentionKernel::fused) {
+    const auto& a = *attention;
+    const TinyLMTensors tensors{w, sinusoidal_positions->forward(T), a.qkv_proj->weight, a.qkv_proj->bias,
+                                a.out_proj->weight, a.out_proj->bias, lm_head->weight, lm_head->bias,
+                                options.n_heads(), options.context_length(), kIgnoreTarget};
+    if (fused_tiny_lm_supported(tensors)) return fused_tiny_lm_loss(tensors, ids, targets, policy);
+  }
   return LanguageModelImpl::loss(ids, targets);
 }
 
@@ -321,10 +247,6 @@ PositionEncoding position_encoding_from_string(const std::string& s) {
   if (s == "sinusoidal") return PositionEncoding::sinusoidal;
   if (s == "none") return PositionEncoding::none;
   TORCH_CHECK(false, "unknown position encoding '", printable(s), "': use learned, sinusoidal or none");
-}
-
-TransformerLMOptions TransformerLMOptions::gpt2_small() {
-  return TransformerLMOptions(50257, 1024, 768, 12, 12);
 }
 
 TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : options(options_) {

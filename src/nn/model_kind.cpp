@@ -1,17 +1,83 @@
-// The model kinds build_model() knows, and what it checks before building one.
+// The model kinds build_model() knows (tinylm's own, with what counting one takes, and a
+// program's), and what it checks before building one.
 #include <tinylm/log.h>
+#include <tinylm/nn/model.h>
 #include <tinylm/nn/model_kind.h>
 
 #include "internal/kind_registry.h"
 #include "internal/machine.h"
 #include "internal/text.h"
-#include "nn/builtin_kinds.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 namespace tinylm::nn {
 
 namespace {
+
+/// Parameter elements, in double (sizes read from a file may be absurd): what the
+/// modules below register, matrix by matrix.
+double tiny_parameter_elements(const TinyAttentionLMOptions& o) {
+  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model());
+  return v * d                  // token embedding
+         + 4 * d * d + 4 * d    // qkv and output projections, with biases
+         + d * v + v;           // lm_head, with bias
+}
+double transformer_parameter_elements(const TransformerLMOptions& o) {
+  const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model()),
+               c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
+               e = static_cast<double>(o.mlp_expansion());
+  const double biases = o.bias() ? 4 * d + e * d + d : 0;  // attention (qkv, out), mlp (fc, proj)
+  const double norm = o.layer_norm_bias() ? 2 * d : d;  // a LayerNorm's gain (and bias)
+  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 2 * norm;  // + two LayerNorms
+  return v * d + (o.positions() == PositionEncoding::learned ? c * d : 0) + l * per_layer +
+         norm                                   // ln_f
+         + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
+}
+
+/// The memory of a batch (B rows of T tokens) for a stack of `layers` attention layers
+/// of width D and H heads: training keeps, per token and layer, `train_widths` x D values
+/// (the block's inputs, q/k/v, the attention context and output, the MLP's hidden
+/// activations) and per (row, head) the T x T attention weights, and at the top the
+/// logits and their gradient; inference holds one layer's worth (`infer_widths` x D) and
+/// the logits. Buffers: the causal mask (T x T bool, made per call) and, with sinusoidal
+/// positions, the rows kept for the longest length run (grown by doubling: under 2T).
+BatchMemory stack_memory(double V, double C, double D, double H, double layers, double train_widths,
+                         double infer_widths, bool sinusoidal, double B, double T, bool training) {
+  BatchMemory m;
+  const double attention = B * H * T * T;
+  m.activation_bytes = training ? 4 * (layers * (train_widths * D * B * T + attention) + 2 * B * T * V)
+                                : 4 * (infer_widths * D * B * T + attention + B * T * V);
+  m.buffer_bytes = T * T + (sinusoidal ? 4 * std::min(C, 2 * T) * D : 0);
+  return m;
+}
+BatchMemory tiny_memory(const TinyAttentionLMOptions& o, double B, double T, bool training) {
+  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), 1, 5, 5, true, B, T, training);
+}
+BatchMemory transformer_memory(const TransformerLMOptions& o, double B, double T, bool training) {
+  const double e = static_cast<double>(o.mlp_expansion());
+  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), o.n_layers(), 10 + 2 * e,
+                      4 + e, o.positions() == PositionEncoding::sinusoidal, B, T, training);
+}
+
+/// "tiny" and "transformer", which the registry holds from the start.
+std::vector<ModelKind> builtin_model_kinds() {
+  return {model_kind<TinyAttentionLMImpl>("tiny", 1,
+                                          "the reference TinyAttentionLM: embedding, sinusoidal positions, "
+                                          "one attention layer, LM head",
+                                          TinyAttentionLMOptions::spec(), TinyAttentionLMOptions(0, 0, 0, 0),
+                                          std::function<double(const TinyAttentionLMOptions&)>(tiny_parameter_elements),
+                                          std::function<BatchMemory(const TinyAttentionLMOptions&, double, double, bool)>(
+                                              tiny_memory)),
+          model_kind<TransformerLMImpl>("transformer", 1, "a GPT-2 style block stack",
+                                        TransformerLMOptions::spec(), TransformerLMOptions(0, 0, 0, 0, 0),
+                                        std::function<double(const TransformerLMOptions&)>(
+                                            transformer_parameter_elements),
+                                        std::function<BatchMemory(const TransformerLMOptions&, double, double, bool)>(
+                                            transformer_memory))};
+}
 
 internal::KindRegistry<ModelKind>& registry() {
   // Outlives static destruction: kinds may be looked up until the process exits.

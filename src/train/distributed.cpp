@@ -113,7 +113,7 @@ void wait(const DistributedOptions& o, const char* what, const WorkPtr& work, co
 
 }  // namespace
 
-void validate(const DistributedOptions& o) {
+void check_distributed_options(const DistributedOptions& o) {
   TORCH_CHECK(o.world_size >= 1, "world size must be >= 1, got ", o.world_size);
   TORCH_CHECK(o.rank >= 0 && o.rank < o.world_size, "rank must be in [0, world size ",
               o.world_size, "), got ", o.rank);
@@ -282,7 +282,7 @@ ProcessGroup::ProcessGroup(DistributedOptions options)
 ProcessGroup::~ProcessGroup() = default;
 
 std::shared_ptr<ProcessGroup> ProcessGroup::connect(const DistributedOptions& o) {
-  validate(o);
+  check_distributed_options(o);
   std::shared_ptr<ProcessGroup> group(new ProcessGroup(o));
   group->backend_ = resolve_backend(o);
   if (o.world_size == 1) return group;  // nothing to meet: every collective is the identity

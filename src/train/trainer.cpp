@@ -171,7 +171,7 @@ const OptionSpec<TrainerOptions>& TrainerOptions::spec() {
   return spec;
 }
 
-void validate(const TrainerOptions& o) {
+void check_trainer_options(const TrainerOptions& o) {
   TrainerOptions::spec().check(o);
   TORCH_CHECK(!o.bf16() || o.device().is_cuda(),
               "TrainerOptions: bf16 autocast needs a CUDA device, got device ", o.device());
@@ -252,7 +252,7 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
     : options_(std::move(options)), model_(std::move(model)), task_(std::move(task)) {
   TORCH_CHECK(model_, "Trainer: no model given");
   TORCH_CHECK(task_, "Trainer: no task given");
-  train::validate(options_);
+  check_trainer_options(options_);
   TORCH_CHECK(task_->vocab_size() == model_->vocab_size(), "Trainer: task ", task_->name(),
               " has vocabulary ", task_->vocab_size(), " but the model's is ", model_->vocab_size());
   TORCH_CHECK(task_->seq_len() <= model_->context_length(), "Trainer: task ", task_->name(),
@@ -415,7 +415,7 @@ void Trainer::append_metrics(const std::string& json_line) {
   out << json_line << "\n";
 }
 
-EvalMetrics Trainer::validate() {
+EvalMetrics Trainer::validation_metrics() {
   // The global batch (every rank's rows), so the figures do not depend on the number of
   // processes; each rank evaluates its own rows and the sums are reduced.
   return evaluate(*model_, *task_, options_.eval_batches(), options_.batch_size() * world_size_,
@@ -585,7 +585,7 @@ FitResult Trainer::fit(const std::atomic<bool>* stop) {
       }
       const bool eval_due = (options_.eval_every() > 0 ? step % options_.eval_every() == 0 : epoch_end) || last;
       if (eval_due) {
-        r.last_eval = validate();
+        r.last_eval = validation_metrics();
         const auto& m = r.last_eval;
         if (lead()) log->info("validation at step {}: loss {:.6f} | ppl {:.4f} | accuracy {:.2f}% | exact match {:.2f}%",
                   step, m.loss, m.perplexity, 100 * m.accuracy, 100 * m.exact_match);

@@ -32,7 +32,7 @@ TEST_CASE("construction rejects zero heads and other bad sizes", "[nn][attention
   CHECK_THAT(error_message([] { make_attention(0, 1); }),
              Catch::Contains("d_model must be >= 1, got 0"));
   CHECK_THAT(error_message([] { make_attention(8, 2, 0); }),
-             Catch::Contains("max_context_length must be >= 1, got 0"));
+             Catch::Contains("context_length must be >= 1, got 0"));
   CHECK_THAT(error_message([] {
                MultiHeadSelfAttention(MultiHeadSelfAttentionOptions(8, 2, 4).attn_dropout(1.0));
              }),
@@ -62,7 +62,7 @@ TEST_CASE("wrong feature dim, rank and overlong sequences are rejected",
   CHECK_THAT(error_message([&] { attn(torch::randn({2, 7, 31})); }),
              Catch::Contains("input feature dim 31 does not match d_model 32"));
   CHECK_THAT(error_message([&] { attn(torch::randn({2, 17, 32})); }),
-             Catch::Contains("sequence length 17 exceeds max_context_length 16"));
+             Catch::Contains("sequence length 17 exceeds context_length 16"));
   CHECK_THAT(error_message([&] { attn(torch::randn({7, 32})); }),
              Catch::Contains("expected input of rank 3 (B, T, D), got rank 2"));
 }

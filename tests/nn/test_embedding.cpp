@@ -74,7 +74,7 @@ TEST_CASE("sinusoidal positions reject bad configurations and lengths",
           "[nn][positional][errors]") {
   using O = SinusoidalPositionalEmbeddingOptions;
   CHECK_THAT(error_message([] { SinusoidalPositionalEmbedding(O(0, 8)); }),
-             Catch::Contains("max_context_length must be >= 1, got 0"));
+             Catch::Contains("context_length must be >= 1, got 0"));
   CHECK_THAT(error_message([] { SinusoidalPositionalEmbedding(O(8, 0)); }),
              Catch::Contains("d_model must be >= 1, got 0"));
   CHECK_THAT(error_message([] { SinusoidalPositionalEmbedding(O(8, 7)); }),
@@ -82,7 +82,7 @@ TEST_CASE("sinusoidal positions reject bad configurations and lengths",
   SinusoidalPositionalEmbedding pos(O(8, 4));
   CHECK_THAT(error_message([&] { pos(0); }), Catch::Contains("seq_len must be >= 1, got 0"));
   CHECK_THAT(error_message([&] { pos(9); }),
-             Catch::Contains("seq_len 9 exceeds max_context_length 8"));
+             Catch::Contains("seq_len 9 exceeds context_length 8"));
 }
 
 TEST_CASE("learned positions return the first T rows and reject overflow", "[nn][positional]") {
@@ -91,5 +91,5 @@ TEST_CASE("learned positions return the first T rows and reject overflow", "[nn]
   CHECK(torch::equal(pos(3), pos->weight.narrow(0, 0, 3)));
   CHECK(pos->parameters().size() == 1);
   CHECK_THAT(error_message([&] { pos(11); }),
-             Catch::Contains("seq_len 11 exceeds max_context_length 10"));
+             Catch::Contains("seq_len 11 exceeds context_length 10"));
 }

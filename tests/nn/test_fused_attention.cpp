@@ -30,7 +30,7 @@ TEST_CASE("fused attention equals the step-by-step path, forward and backward",
   torch::manual_seed(B * 100 + T);
   KernelPolicy policy;
   policy.attention_blas_min_seq_len = blas_products ? 1 : 1 << 20;
-  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).fused(false));
+  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::plain));
   MultiHeadSelfAttention fused(
       MultiHeadSelfAttentionOptions(D, H, 64).causal(causal).kernel(AttentionKernel::fused).kernel_policy(std::make_shared<const KernelPolicy>(policy)));
   {
@@ -89,7 +89,7 @@ TEST_CASE("attention weights asked for with autograd on carry gradients on every
   // for weights with grad mode on takes the step-by-step path.
   const int64_t T = GENERATE(12, 40);  // the loop kernel and the batched-BLAS kernel
   torch::manual_seed(T);
-  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(16, 4, 64).fused(false));
+  MultiHeadSelfAttention plain(MultiHeadSelfAttentionOptions(16, 4, 64).kernel(AttentionKernel::plain));
   MultiHeadSelfAttention fused(MultiHeadSelfAttentionOptions(16, 4, 64));
   {
     torch::NoGradGuard g;

@@ -16,6 +16,20 @@ using tinylm::test::max_abs_diff;
 using tinylm::test::runnable_backends;
 using tinylm::test::runnable_isas;
 
+namespace {
+
+/// The fused op on a model's own tensors and policy, whatever loss() would pick.
+torch::Tensor fused_tiny_lm_loss(TinyAttentionLMImpl& m, const torch::Tensor& ids, const torch::Tensor& targets) {
+  const auto& a = *m.attention;
+  const TinyLMTensors tensors{m.token_embedding->weight, m.sinusoidal_positions->forward(ids.size(1)),
+                              a.qkv_proj->weight, a.qkv_proj->bias, a.out_proj->weight, a.out_proj->bias,
+                              m.lm_head->weight, m.lm_head->bias, m.options.n_heads(), m.options.context_length(),
+                              kIgnoreTarget};
+  return tinylm::nn::fused_tiny_lm_loss(tensors, ids, targets, *a.options.kernel_policy());
+}
+
+}  // namespace
+
 TEST_CASE("the fused TinyAttentionLM loss is exact for an overconfident model",
           "[nn][model][fused]") {
   // Logits hundreds of nats apart: the true cross-entropy is in the hundreds. A loss

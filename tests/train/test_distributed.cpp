@@ -86,7 +86,7 @@ TEST_CASE("the launcher's environment describes the job, or is refused clearly",
              Catch::Contains("MASTER_PORT=70000 must be in [1, 65535]"));
   DistributedOptions bad;
   bad.timeout_seconds = 0;
-  CHECK_THAT(error_message([&] { validate(bad); }), Catch::Contains("timeout must be > 0"));
+  CHECK_THAT(error_message([&] { check_distributed_options(bad); }), Catch::Contains("timeout must be > 0"));
 }
 
 TEST_CASE("the backend: Gloo on the CPU, NCCL only for CUDA in a build that has it",

@@ -229,7 +229,7 @@ TEST_CASE("building and using a Trainer leaves the global seed and thread counts
     c.threads = 2;  // the config's setting is the application's to apply, not the Trainer's
     Trainer t = make_trainer(c);
     t.fit();
-    t.validate();
+    t.validation_metrics();
     t.save(c.trainer.out_dir() + "/again.ckpt");
   }
   CHECK(torch::equal(torch::rand({8}), expected));

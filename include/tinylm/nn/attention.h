@@ -16,15 +16,13 @@
 namespace tinylm::nn {
 
 const char* to_string(AttentionKernel kernel);
-/// "automatic" | "plain" | "fused" | "sdpa"; throws on anything else.
-AttentionKernel attention_kernel_from_string(const std::string& name);
 
 struct MultiHeadSelfAttentionOptions {
-  MultiHeadSelfAttentionOptions(int64_t d_model, int64_t n_heads, int64_t max_context_length)
-      : d_model_(d_model), n_heads_(n_heads), max_context_length_(max_context_length) {}
+  MultiHeadSelfAttentionOptions(int64_t d_model, int64_t n_heads, int64_t context_length)
+      : d_model_(d_model), n_heads_(n_heads), context_length_(context_length) {}
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(int64_t, n_heads);
-  TORCH_ARG(int64_t, max_context_length);
+  TORCH_ARG(int64_t, context_length);
   /// Drop probability on the attention weights (training only). Default 0.
   TORCH_ARG(double, attn_dropout) = 0.0;
   /// Drop probability on the output projection (training only). Default 0.
@@ -34,13 +32,6 @@ struct MultiHeadSelfAttentionOptions {
   /// Biases on the QKV and output projections.
   TORCH_ARG(bool, bias) = true;
 
- public:
-  /// Shorthand for kernel(): true = automatic, false = plain (always step by step).
-  MultiHeadSelfAttentionOptions& fused(bool on) {
-    kernel_ = on ? AttentionKernel::automatic : AttentionKernel::plain;
-    return *this;
-  }
-  bool fused() const { return kernel_ != AttentionKernel::plain; }
   /// The attention kernel (see AttentionKernel). Default: the fastest that applies.
   TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
   /// The thresholds and backends behind the kernel choices (the model's, when in one).

@@ -36,9 +36,9 @@ class TokenEmbeddingImpl : public torch::nn::Cloneable<TokenEmbeddingImpl> {
 TORCH_MODULE(TokenEmbedding);
 
 struct LearnedPositionalEmbeddingOptions {
-  LearnedPositionalEmbeddingOptions(int64_t max_context_length, int64_t d_model)
-      : max_context_length_(max_context_length), d_model_(d_model) {}
-  TORCH_ARG(int64_t, max_context_length);
+  LearnedPositionalEmbeddingOptions(int64_t context_length, int64_t d_model)
+      : context_length_(context_length), d_model_(d_model) {}
+  TORCH_ARG(int64_t, context_length);
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(double, init_std) = 0.02;
 };
@@ -61,9 +61,9 @@ class LearnedPositionalEmbeddingImpl
 TORCH_MODULE(LearnedPositionalEmbedding);
 
 struct SinusoidalPositionalEmbeddingOptions {
-  SinusoidalPositionalEmbeddingOptions(int64_t max_context_length, int64_t d_model)
-      : max_context_length_(max_context_length), d_model_(d_model) {}
-  TORCH_ARG(int64_t, max_context_length);
+  SinusoidalPositionalEmbeddingOptions(int64_t context_length, int64_t d_model)
+      : context_length_(context_length), d_model_(d_model) {}
+  TORCH_ARG(int64_t, context_length);
   TORCH_ARG(int64_t, d_model);
   /// angle = p / base^(2i / D)
   TORCH_ARG(double, base) = 10000.0;
@@ -72,8 +72,8 @@ struct SinusoidalPositionalEmbeddingOptions {
 /// Fixed sin/cos positions: row p is pe[p, 2i] = sin(p / base^(2i/D)),
 /// pe[p, 2i+1] = cos(same). No parameters, nothing in checkpoints. The rows are computed
 /// when first asked for and kept for the longest length asked so far (never more than
-/// max_context_length): nothing is allocated for a context the model is never run at,
-/// so a large max_context_length read from a file costs no memory by itself.
+/// context_length): nothing is allocated for a context the model is never run at,
+/// so a large context_length read from a file costs no memory by itself.
 class SinusoidalPositionalEmbeddingImpl
     : public torch::nn::Cloneable<SinusoidalPositionalEmbeddingImpl> {
  public:

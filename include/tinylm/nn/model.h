@@ -215,9 +215,6 @@ struct TransformerLMOptions {
                        int64_t n_heads, int64_t n_layers)
       : vocab_size_(vocab_size), context_length_(context_length), d_model_(d_model),
         n_heads_(n_heads), n_layers_(n_layers) {}
-  /// GPT-2 small: V 50257, C 1024, D 768, 12 heads, 12 layers, biases, tied head.
-  static TransformerLMOptions gpt2_small();
-
   TORCH_ARG(int64_t, vocab_size);
   TORCH_ARG(int64_t, context_length);
   TORCH_ARG(int64_t, d_model);

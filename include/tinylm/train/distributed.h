@@ -52,7 +52,7 @@ struct DistributedOptions {
 DistBackend resolve_backend(const DistributedOptions& options);
 
 /// Throws, naming the value and the rule, when the options cannot describe a job.
-void validate(const DistributedOptions& options);
+void check_distributed_options(const DistributedOptions& options);
 
 /// The job torchrun (or a cluster script) describes in the environment: RANK,
 /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT (LOCAL_RANK is read and checked too), and

@@ -127,14 +127,14 @@ struct TrainerOptions {
   int64_t total_steps() const { return epochs_ * steps_per_epoch_; }
 
   /// Every option a run sets (all but device, recipe and process_group), declared once
-  /// with its rule and help, in two groups (optim, run): validate() checks them, and the
+  /// with its rule and help, in two groups (optim, run): check_trainer_options() checks them, and the
   /// tinylm tool makes its config keys and flags of them.
   static const OptionSpec<TrainerOptions>& spec();
 };
 
 /// Throws, naming the option, its value and the rule, when an option is invalid: each
 /// rule of TrainerOptions::spec(), and bf16 only on a CUDA device.
-void validate(const TrainerOptions& options);
+void check_trainer_options(const TrainerOptions& options);
 
 /// The learning rate at `step` (0-based): linear warmup, then constant or cosine decay.
 double learning_rate_at(const TrainerOptions& options, int64_t step);
@@ -196,7 +196,7 @@ class Trainer {
   double train_step(double* grad_norm = nullptr);
 
   /// Validation figures on eval_batches batches (fixed seed: comparable over time).
-  EvalMetrics validate();
+  EvalMetrics validation_metrics();
 
   /// Writes a checkpoint of the current state to `path` (see save_checkpoint). In a
   /// data-parallel job call it on every rank (it gathers every rank's dropout generator,
