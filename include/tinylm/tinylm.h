@@ -1,7 +1,8 @@
-// tinylm: tiny transformer language models on LibTorch. The umbrella header.
+// tinylm: tiny transformer language models on LibTorch. The umbrella header of the core
+// library (tinylm::tinylm). The run layer, a run described by the tool's flat settings,
+// is apart: tinylm/run.h (which includes tinylm/config.h), linked as tinylm::run.
 #pragma once
 
-#include <tinylm/config.h>
 #include <tinylm/data/prepare.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/data/token_file.h>
@@ -18,7 +19,6 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/nn/model_kind.h>
 #include <tinylm/report.h>
-#include <tinylm/run.h>
 #include <tinylm/spec.h>
 #include <tinylm/threads.h>
 #include <tinylm/train/checkpoint.h>

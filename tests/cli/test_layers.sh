@@ -28,6 +28,9 @@ for f in $core; do
   fi
 done
 [ "$n" -gt 40 ] || fail "only $n core files found: the list of core directories is out of date"
+# The core's umbrella header brings in the core alone.
+grep -nE '#include *<tinylm/(config|run)\.h>' include/tinylm/tinylm.h &&
+  fail "include/tinylm/tinylm.h (the core's umbrella) includes the run layer (above)"
 # The sources of add_library(tinylm ...): up to its closing parenthesis.
 sources=$(awk '/^add_library\(tinylm$/ { inside = 1; next } inside && /^\)/ { exit } inside' CMakeLists.txt)
 [ -n "$sources" ] || fail "CMakeLists.txt: no add_library(tinylm ...) source list found"

@@ -1,5 +1,5 @@
-// src/train/resources.cpp: memory estimates; runs that cannot fit refused up front.
-#include "../test_util.h"
+// src/run_memory.cpp: a run config's memory estimate; runs that cannot fit refused up front.
+#include "test_util.h"
 
 #include <tinylm/config.h>
 #include <tinylm/nn/model.h>
