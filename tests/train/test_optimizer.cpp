@@ -1,8 +1,8 @@
 // src/train/optimizer.cpp: flat Adam/AdamW against LibTorch's, weight decay, refusals.
 #include "../test_util.h"
+#include "core_runs.h"
 
 #include <tinylm/nn/model.h>
-#include <tinylm/run.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
 
@@ -53,9 +53,9 @@ double optimizer_divergence(bool adamw, int steps) {
   return worst;
 }
 
-/// A run config that logs nothing, in its own scratch directory.
-RunConfig optimizer_run(const std::string& name) {
-  RunConfig c;
+/// A run that logs nothing, in its own scratch directory.
+tinylm::test::CoreRun optimizer_run(const std::string& name) {
+  tinylm::test::CoreRun c;
   c.trainer.out_dir(tinylm::test::scratch_dir("optimizer_" + name).string());
   c.trainer.log_every(1000);
   c.trainer.eval_batches(2);
@@ -142,16 +142,17 @@ TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train
   // bit-identical, decayed matrices do not.
   auto run = [](double wd, const std::string& name, const std::string& decay_params = "linear",
                 bool flat = true) {
-    RunConfig c = optimizer_run(name);
-    c.model = "transformer";
-    c.set("optimizer", "adamw");
-    c.set("decay-params", decay_params);
+    auto c = optimizer_run(name);
+    c.model = tinylm::test::small_transformer();
+    c.trainer.optimizer().kind(OptimizerKind::adamw);
+    c.trainer.optimizer().decayed(decay_params == "matrices" ? DecayedParameters::matrices
+                                                             : DecayedParameters::linear_weights);
     c.trainer.optimizer().flat(flat);
     c.trainer.optimizer().weight_decay(wd);
     c.trainer.optimizer().lr(0.05);
     c.trainer.epochs(1);
     c.trainer.steps_per_epoch(1);  // one step: later steps would see different gradients
-    Trainer t = make_trainer(c);
+    Trainer t = tinylm::test::make_core_trainer(c);
     t.fit();
     return t.model()->named_parameters();
   };

@@ -1,8 +1,8 @@
 // src/train/run_directory.cpp: one run per directory, and nothing in it lost.
 #include "../test_util.h"
+#include "core_runs.h"
 
 #include <tinylm/error.h>
-#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/run_directory.h>
 #include <tinylm/train/trainer.h>
@@ -34,8 +34,8 @@ std::map<std::string, std::string> run_dir_snapshot(const fs::path& dir) {
 }
 
 /// A short run (4 steps an epoch) writing into `dir`.
-RunConfig run_dir_config(const fs::path& dir) {
-  RunConfig c;
+tinylm::test::CoreRun run_dir_config(const fs::path& dir) {
+  tinylm::test::CoreRun c;
   c.trainer.out_dir(dir.string());
   c.trainer.steps_per_epoch(4);
   c.trainer.log_every(1000);
@@ -48,10 +48,10 @@ RunConfig run_dir_config(const fs::path& dir) {
 TEST_CASE("a run directory holding another run is refused and left byte-identical",
           "[run][errors]") {
   const auto dir = run_dir_scratch("taken");
-  make_trainer(run_dir_config(dir)).fit();
+  tinylm::test::make_core_trainer(run_dir_config(dir)).fit();
   const auto before = run_dir_snapshot(dir);
   REQUIRE(before.count("metrics.jsonl") == 1);
-  CHECK_THAT(error_message([&] { make_trainer(run_dir_config(dir)).fit(); }),
+  CHECK_THAT(error_message([&] { tinylm::test::make_core_trainer(run_dir_config(dir)).fit(); }),
              Catch::Contains("already holds a run") && Catch::Contains("newest step-00000012.ckpt"));
   CHECK(run_dir_snapshot(dir) == before);
   CHECK_THAT(error_message([&] { RunDirectory(dir.string(), RunDirMode::fresh); }),
