@@ -127,8 +127,10 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   run.checkpoint = std::move(checkpoint);
   run.config = config_from_checkpoint(run.checkpoint);
   auto& cfg = run.config;
-  if (!data_override.empty()) cfg.set("data", data_override);
-  check_config(cfg);  // a data path for a task that reads none is refused
+  if (!data_override.empty()) {
+    cfg.set("data", data_override);
+    check_config(cfg);  // a data path for a task that reads none is refused
+  }
   run.device = train::resolve_device(options.device);
   check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
   run.model = nn::build_model(run.checkpoint.architecture);

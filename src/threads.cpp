@@ -3,11 +3,10 @@
 #include <tinylm/nn/cpu_kernels.h>
 
 #include "internal/machine.h"
+#include "nn/blas.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-
-#include <dlfcn.h>
 
 namespace tinylm {
 
@@ -18,28 +17,17 @@ bool set_cpu_threads(int64_t n) {
   return set_blas_threads(nn::tiles_for_large_products() ? 1 : n);
 }
 
-namespace {
-
-/// A function of the loaded OpenBLAS (LibTorch links libblas.so.3); nullptr elsewhere.
-void* openblas_function(const char* name) {
-  if (void* f = dlsym(RTLD_DEFAULT, name)) return f;
-  if (void* lib = dlopen("libblas.so.3", RTLD_NOW | RTLD_NOLOAD)) return dlsym(lib, name);
-  return nullptr;
-}
-
-}  // namespace
-
 bool set_blas_threads(int64_t n) {
   if (n <= 0) return false;
   internal::check_thread_count(n);
-  auto set = reinterpret_cast<void (*)(int)>(openblas_function("openblas_set_num_threads"));
+  auto set = reinterpret_cast<void (*)(int)>(nn::blas_symbol("openblas_set_num_threads"));
   if (!set) return false;
   set(static_cast<int>(n));
   return true;
 }
 
 int64_t blas_threads() {
-  auto get = reinterpret_cast<int (*)()>(openblas_function("openblas_get_num_threads"));
+  auto get = reinterpret_cast<int (*)()>(nn::blas_symbol("openblas_get_num_threads"));
   return get ? get() : 0;
 }
 

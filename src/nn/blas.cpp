@@ -22,17 +22,23 @@ using Sgemm = void (*)(const char*, const char*, const int*, const int*, const i
 /// libblas.so.3, which the alternatives system points at OpenBLAS), or null where no
 /// visible sgemm_ exists (a LibTorch with a private MKL): products then go through at::mm.
 Sgemm loaded_sgemm() {
-  static const Sgemm f = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  static const Sgemm f = reinterpret_cast<Sgemm>(blas_symbol("sgemm_"));
   return f;
 }
 
 }  // namespace
 
+void* blas_symbol(const char* name) {
+  if (void* f = dlsym(RTLD_DEFAULT, name)) return f;
+  if (void* lib = dlopen("libblas.so.3", RTLD_NOW | RTLD_NOLOAD)) return dlsym(lib, name);
+  return nullptr;
+}
+
 bool blas_sgemm_visible() { return loaded_sgemm() != nullptr; }
 
 std::string blas_core() {
   static const std::string name = [] {
-    const auto f = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+    const auto f = reinterpret_cast<char* (*)()>(blas_symbol("openblas_get_corename"));
     const char* n = f ? f() : nullptr;
     return std::string(n ? n : "");
   }();

@@ -11,6 +11,11 @@ namespace tinylm::nn {
 void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
+/// A function of the BLAS LibTorch loaded (sgemm_, openblas_set_num_threads ...): from
+/// the process's global symbols, else from libblas.so.3 if it is loaded; nullptr where
+/// neither has it.
+void* blas_symbol(const char* name);
+
 /// Whether a BLAS sgemm_ is visible in the process (else products go through at::mm).
 bool blas_sgemm_visible();
 
