@@ -83,16 +83,15 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
                            "' model; nanoGPT's GPT is a transformer (pre-LN, learned positions, tied head)");
     return fit;
   }
-  auto model = nn::build_model(ck.architecture);
-  const auto* t = dynamic_cast<const nn::TransformerLMImpl*>(model.get());
-  TORCH_CHECK(t, "a transformer architecture did not build a TransformerLM");
-  const auto& o = t->options;
-  if (!o.pre_ln()) fit.refusals.push_back("its blocks are post-LN; nanoGPT's are pre-LN");
+  const auto o = nn::transformer_options(ck.architecture);
+  const auto& block = o.block();
+  if (!block.pre_ln()) fit.refusals.push_back("its blocks are post-LN; nanoGPT's are pre-LN");
   if (o.positions() != nn::PositionEncoding::learned)
     fit.refusals.push_back(std::string("its positions are ") + nn::to_string(o.positions()) +
                            "; nanoGPT's are learned");
   if (!o.tie_weights()) fit.refusals.push_back("its LM head is untied; nanoGPT ties it to the token embedding");
-  if (!o.bias() && o.layer_norm_bias()) {
+  const bool bias = block.attention().bias(), norm_bias = block.norm().bias();
+  if (!bias && norm_bias) {
     // nanoGPT's bias=False has no LayerNorm biases either: exported where tinylm's are zero.
     for (const auto& [name, t] : ck.model)
       if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 && t.count_nonzero().item<int64_t>() != 0) {
@@ -101,11 +100,22 @@ NanoGPTFit nanogpt_fit(const train::Checkpoint& ck) {
         break;
       }
   }
-  if (o.bias() && !o.layer_norm_bias())
+  if (bias && !norm_bias)
     fit.notes.push_back("its LayerNorms have no biases; nanoGPT's bias=True has them: written as zeros");
-  if (o.mlp_expansion() != 4)
-    fit.refusals.push_back("its MLP expands " + std::to_string(o.mlp_expansion()) + "x; nanoGPT's 4x");
-  if (o.activation() == nn::Activation::gelu_tanh)
+  const int64_t hidden = block.mlp().hidden() > 0 ? block.mlp().hidden() : block.mlp().expansion() * o.d_model();
+  if (hidden != 4 * o.d_model())
+    fit.refusals.push_back("its MLP is " + std::to_string(hidden) + " wide; nanoGPT's is 4 x n_embd = " +
+                           std::to_string(4 * o.d_model()));
+  if (block.mlp().activation() == nn::Activation::swiglu)
+    fit.refusals.push_back("its MLP is SwiGLU (gated); nanoGPT's is GELU");
+  if (block.norm().kind() != nn::NormKind::layer_norm)
+    fit.refusals.push_back("its norms are RMSNorm; nanoGPT's are LayerNorm");
+  if (!block.norm().gain()) fit.refusals.push_back("its norms have no gain; nanoGPT's LayerNorms have one");
+  const int64_t kv_heads = block.attention().n_kv_heads();
+  if (kv_heads != 0 && kv_heads != o.n_heads())
+    fit.refusals.push_back("its attention shares key/value heads (n_kv_heads " + std::to_string(kv_heads) + " for " +
+                           std::to_string(o.n_heads()) + " query heads); nanoGPT's has one per query head");
+  if (block.mlp().activation() == nn::Activation::gelu_tanh)
     fit.notes.push_back("its MLP uses tanh-approximated GELU and nanoGPT exact GELU, so logits differ "
                         "slightly (train with activation gelu for an exact match)");
   return fit;
@@ -129,18 +139,18 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
   TORCH_CHECK(fs::is_directory(parent, ec), "cannot write '", path, "': directory '", parent.string(),
               "' does not exist");
 
-  auto model = nn::build_model(ck.architecture);
-  const auto& o = dynamic_cast<const nn::TransformerLMImpl&>(*model).options;
+  const auto o = nn::transformer_options(ck.architecture);
+  const bool bias = o.block().attention().bias(), norm_bias = o.block().norm().bias();
   c10::Dict<std::string, at::Tensor> state;
   for (const auto& name : ck.parameter_names) {
     const bool layer_norm_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (!o.bias() && layer_norm_bias) continue;  // zero (checked above): nanoGPT's bias=False has none
+    if (!bias && layer_norm_bias) continue;  // zero (checked above): nanoGPT's bias=False has none
     state.insert(nanogpt_name(name), ck.model.at(name).contiguous());
     // A LayerNorm without a bias in a model with Linear biases: nanoGPT's bias=True has
     // one, and a zero bias computes the same.
     const bool layer_norm_gain = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 &&
                                  ck.model.at(name).dim() == 1;
-    if (o.bias() && !o.layer_norm_bias() && layer_norm_gain) {
+    if (bias && !norm_bias && layer_norm_gain) {
       const std::string bias_name = name.substr(0, name.size() - 7) + ".bias";
       state.insert(nanogpt_name(bias_name), torch::zeros_like(ck.model.at(name)).contiguous());
     }
@@ -153,7 +163,7 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
   args.insert("n_head", o.n_heads());
   args.insert("n_embd", o.d_model());
   args.insert("block_size", o.context_length());
-  args.insert("bias", o.bias());
+  args.insert("bias", bias);
   args.insert("vocab_size", o.vocab_size());
   args.insert("dropout", o.dropout());
   c10::Dict<std::string, std::string> architecture;
@@ -275,14 +285,14 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
   }
 
   // Every weight nanoGPT's GPT with these sizes has, with its shape, and nothing else.
-  auto options = nn::TransformerLMOptions(V, C, D, H, L)
-                     .activation(nn::Activation::gelu)
-                     .bias(bias)
-                     .layer_norm_bias(bias)
-                     .pre_ln(true)
-                     .positions(nn::PositionEncoding::learned)
-                     .mlp_expansion(4)
-                     .dropout(dropout);
+  auto options = nn::TransformerLMOptions(V, C, D, H, L).positions(nn::PositionEncoding::learned);
+  const auto& spec = nn::TransformerLMOptions::spec();
+  spec.set(options, "activation", std::string("gelu"));
+  spec.set(options, "bias", bias);
+  spec.set(options, "layer_norm_bias", bias);
+  spec.set(options, "pre_ln", true);
+  spec.set(options, "mlp_expansion", int64_t{4});
+  spec.set(options, "dropout", dropout);
   std::map<std::string, std::vector<int64_t>> expected = {
       {"transformer.wte.weight", {V, D}}, {"transformer.wpe.weight", {C, D}}, {"transformer.ln_f.weight", {D}}};
   if (bias) expected["transformer.ln_f.bias"] = {D};

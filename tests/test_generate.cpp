@@ -4,6 +4,9 @@
 #include <tinylm/generate.h>
 #include <tinylm/nn/model.h>
 
+#include <map>
+#include <string>
+#include <tuple>
 #include <vector>
 
 using namespace tinylm;
@@ -171,6 +174,37 @@ TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputat
   o.use_kv_cache = false;
   auto without = generate(*model, ids.narrow(1, 0, 3), o);
   CHECK(torch::equal(with_cache, without));
+}
+
+TEST_CASE("KV-cache decoding with rotary positions and grouped-query attention gives full recomputation's "
+          "logits, and the cache holds only the key/value heads",
+          "[generate][kvcache]") {
+  const auto [kv_heads, rotary, llama] = GENERATE(std::make_tuple(0, true, false), std::make_tuple(2, false, false),
+                                                  std::make_tuple(1, true, false), std::make_tuple(2, true, true));
+  INFO("n_kv_heads " << kv_heads << " rotary " << rotary << " rms-norm and swiglu " << llama);
+  torch::manual_seed(12);
+  std::map<std::string, std::string> set{{"n_kv_heads", std::to_string(kv_heads)}};
+  if (llama) set.insert({{"norm", "rms-norm"}, {"activation", "swiglu"}, {"mlp_hidden", "40"}, {"bias", "false"}});
+  TransformerLM model(tinylm::test::with(
+      TransformerLMOptions(50, 16, 32, 4, 2).positions(rotary ? PositionEncoding::rotary : PositionEncoding::learned),
+      set));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto ids = torch::randint(50, {2, 10}, torch::kLong);
+  KVCache cache;
+  auto first = model->forward_cached(ids.narrow(1, 0, 6), cache);
+  auto second = model->forward_cached(ids.narrow(1, 6, 1), cache);  // one token
+  auto rest = model->forward_cached(ids.narrow(1, 7, 3), cache);
+  CHECK(max_abs_diff(torch::cat({first, second, rest}, 1), model->forward(ids).logits) < 1e-4);
+  CHECK(cache.keys[0].sizes() == torch::IntArrayRef({2, kv_heads ? kv_heads : 4, 10, 8}));
+  CHECK(cache.values[1].sizes() == cache.keys[0].sizes());
+  GenerateOptions o;
+  o.max_new_tokens = 24;  // past the context (16)
+  o.seed = 5;
+  o.use_kv_cache = true;
+  auto with_cache = generate(*model, ids.narrow(1, 0, 3), o);
+  o.use_kv_cache = false;
+  CHECK(torch::equal(with_cache, generate(*model, ids.narrow(1, 0, 3), o)));
 }
 
 TEST_CASE("a tiny temperature samples the most likely token instead of failing", "[generate]") {

@@ -9,11 +9,16 @@
 
 #include <torch/serialize.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace tinylm;
 using tinylm::test::error_message;
@@ -67,17 +72,26 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
   };
   std::vector<Case> cases = {
       {"tiny", "its model is a 'tiny' model", nn::TinyAttentionLM(nn::TinyAttentionLMOptions(10, 8, 16, 2)).ptr()},
-      {"post-ln", "its blocks are post-LN", nn::TransformerLM(small().pre_ln(false)).ptr()},
+      {"post-ln", "its blocks are post-LN", nn::TransformerLM(test::with(small(), {{"pre_ln", "false"}})).ptr()},
       {"sinusoidal", "its positions are sinusoidal",
        nn::TransformerLM(small().positions(nn::PositionEncoding::sinusoidal)).ptr()},
       {"untied", "its LM head is untied", nn::TransformerLM(small().tie_weights(false)).ptr()},
       {"no-bias", "it has no Linear biases but non-zero LayerNorm biases ('blocks.0.ln1.bias')", [] {
-         nn::TransformerLM m(small().bias(false));
+         nn::TransformerLM m(test::with(small(), {{"bias", "false"}}));
          torch::NoGradGuard no_grad;
          m->blocks[0]->as<nn::TransformerBlockImpl>()->ln1->bias.fill_(0.5);  // trained: not nanoGPT's bias=False
          return m.ptr();
        }()},
-      {"expansion", "its MLP expands 2x", nn::TransformerLM(small().mlp_expansion(2)).ptr()},
+      {"expansion", "its MLP is 32 wide; nanoGPT's is 4 x n_embd = 64", nn::TransformerLM(test::with(small(), {{"mlp_expansion", "2"}})).ptr()},
+      {"rotary", "its positions are rotary; nanoGPT's are learned",
+       nn::TransformerLM(small().positions(nn::PositionEncoding::rotary)).ptr()},
+      {"rms-norm", "its norms are RMSNorm; nanoGPT's are LayerNorm",
+       nn::TransformerLM(test::with(small(), {{"norm", "rms-norm"}})).ptr()},
+      {"no-gain", "its norms have no gain", nn::TransformerLM(test::with(small(), {{"norm_gain", "false"}})).ptr()},
+      {"swiglu", "its MLP is SwiGLU (gated); nanoGPT's is GELU",
+       nn::TransformerLM(test::with(small(), {{"activation", "swiglu"}})).ptr()},
+      {"gqa", "its attention shares key/value heads (n_kv_heads 1 for 2 query heads)",
+       nn::TransformerLM(test::with(small(), {{"n_kv_heads", "1"}})).ptr()},
   };
   for (auto& c : cases) {
     INFO(c.name);
@@ -90,7 +104,7 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
   }
   // bias=False with zero LayerNorm biases (an untouched nanoGPT import) is nanoGPT's
   // bias=False: exported without them.
-  nn::TransformerLM no_bias(small().bias(false).activation(nn::Activation::gelu));
+  nn::TransformerLM no_bias(test::with(small(), {{"bias", "false"}, {"activation", "gelu"}}));
   const auto ck = checkpoint_of(*no_bias, dir, "zero-ln-bias");
   CHECK(interop::nanogpt_fit(ck).refusals.empty());
   const auto out = (dir / "zero-ln-bias.pt").string();
@@ -101,7 +115,7 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
   CHECK(top.at("model_args").toGenericDict().at("bias").toBool() == false);
 
   // Without LayerNorm biases at all (what a bias=False import is now): the same file.
-  nn::TransformerLM gains(small().bias(false).layer_norm_bias(false).activation(nn::Activation::gelu));
+  nn::TransformerLM gains(test::with(small(), {{"bias", "false"}, {"layer_norm_bias", "false"}, {"activation", "gelu"}}));
   const auto gains_ck = checkpoint_of(*gains, dir, "gains");
   CHECK(interop::nanogpt_fit(gains_ck).refusals.empty());
   CHECK(interop::nanogpt_fit(gains_ck).notes.empty());
@@ -117,7 +131,7 @@ TEST_CASE("export refuses what nanoGPT cannot express and writes nothing", "[int
   // Linear biases but no LayerNorm biases: nanoGPT's bias=True has them, written as zeros,
   // and the import (with bias=True, LayerNorm biases) computes the same logits.
   torch::manual_seed(6);
-  nn::TransformerLM linear_only(small().layer_norm_bias(false).activation(nn::Activation::gelu));
+  nn::TransformerLM linear_only(test::with(small(), {{"layer_norm_bias", "false"}, {"activation", "gelu"}}));
   const auto lo_ck = checkpoint_of(*linear_only, dir, "linear-only");
   const auto fit = interop::nanogpt_fit(lo_ck);
   CHECK(fit.refusals.empty());
@@ -141,7 +155,7 @@ TEST_CASE("an export holds nanoGPT's state dict and model_args, read back by Lib
           "[interop]") {
   const auto dir = test::scratch_dir("interop_export");
   torch::manual_seed(5);
-  nn::TransformerLM model(small().activation(nn::Activation::gelu));
+  nn::TransformerLM model(test::with(small(), {{"activation", "gelu"}}));
   const auto ck = checkpoint_of(*model, dir, "gelu");
   CHECK(interop::nanogpt_fit(ck).refusals.empty());
   CHECK(interop::nanogpt_fit(ck).notes.empty());
@@ -184,7 +198,7 @@ TEST_CASE("an export imports back to the same model, and broken state dicts are 
           "[interop][errors]") {
   const auto dir = test::scratch_dir("interop_import");
   torch::manual_seed(9);
-  nn::TransformerLM model(small().activation(nn::Activation::gelu));
+  nn::TransformerLM model(test::with(small(), {{"activation", "gelu"}}));
   const auto ck = checkpoint_of(*model, dir, "source");
   const auto pt = (dir / "source.pt").string();
   interop::export_nanogpt(ck, pt);
@@ -247,4 +261,64 @@ TEST_CASE("write a checkpoint's logits for fixed ids", "[.][nanogpt-logits]") {
   const auto bytes = interop::torch_save_bytes(dict);  // read by torch.load(weights_only=True)
   std::ofstream(out, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   std::printf("wrote %s: logits %s\n", out, c10::str(logits.sizes()).c_str());
+}
+
+TEST_CASE("write models of today's architectures with their logits and gradients", "[.][architecture-parity]") {
+  // Read by tests/python/architecture_parity.py, which computes the same in PyTorch.
+  const char* dir = std::getenv("TINYLM_PARITY_DIR");
+  REQUIRE(dir);
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> configs = {
+      {"rotary", {{"positions", "rotary"}}},
+      {"rotary-base-500", {{"positions", "rotary"}, {"pos_base", "500"}}},
+      {"rms-norm", {{"norm", "rms-norm"}}},
+      {"rms-norm-no-gain", {{"norm", "rms-norm"}, {"norm_gain", "false"}, {"layer_norm_bias", "false"}}},
+      {"swiglu", {{"activation", "swiglu"}, {"mlp_hidden", "88"}}},
+      {"gqa", {{"n_kv_heads", "2"}}},
+      {"mqa", {{"n_kv_heads", "1"}}},
+      {"llama", {{"positions", "rotary"}, {"norm", "rms-norm"}, {"activation", "swiglu"}, {"mlp_hidden", "88"},
+                 {"n_kv_heads", "2"}, {"bias", "false"}, {"layer_norm_bias", "false"}}}};
+  std::vector<nn::AttentionKernel> kernels = {nn::AttentionKernel::plain, nn::AttentionKernel::fused};
+  if (nn::sdpa_available()) kernels.push_back(nn::AttentionKernel::sdpa);
+  int written = 0;
+  for (const auto& [name, set] : configs) {
+    auto options = test::with(nn::TransformerLMOptions(40, 16, 32, 4, 2), set);
+    torch::manual_seed(21);
+    nn::TransformerLM model(options);
+    {  // Gains, biases and weights away from their initial values, as after training.
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * (p.dim() == 1 ? 0.2 : 0.05));
+    }
+    model->eval();
+    auto ids = torch::randint(40, {3, 16}, torch::kLong), targets = torch::randint(40, {3, 16}, torch::kLong);
+    for (const auto kernel : kernels) {
+      model->options.block().attention().kernel(kernel);  // kept, with the weights, for the modules
+      for (const auto& module : *model->blocks) module->as<nn::TransformerBlock>()->attn->options.kernel(kernel);
+      model->zero_grad();
+      auto logits = model->forward(ids).logits;
+      auto loss = model->loss(ids, targets);
+      loss.backward();
+      c10::Dict<std::string, at::Tensor> dict;
+      dict.insert("ids", ids);
+      dict.insert("targets", targets);
+      dict.insert("logits", logits.detach());
+      dict.insert("loss", loss.detach());
+      for (const auto& p : model->named_parameters()) {
+        dict.insert("param." + p.key(), p.value().detach().clone());
+        dict.insert("grad." + p.key(), p.value().grad().clone());
+      }
+      const std::string stem = std::string(dir) + "/" + name + "-" + nn::to_string(kernel);
+      const auto bytes = interop::torch_save_bytes(dict);
+      std::ofstream(stem + ".pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      std::ofstream json(stem + ".json");
+      json << "{";
+      bool first = true;
+      for (const auto& [key, value] : model->architecture().options) {
+        json << (first ? "" : ", ") << '"' << key << "\": \"" << value << '"';
+        first = false;
+      }
+      json << "}\n";
+      ++written;
+    }
+  }
+  std::printf("wrote %d models to %s\n", written, dir);
 }

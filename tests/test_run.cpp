@@ -59,15 +59,15 @@ TEST_CASE("model_architecture carries the config's model settings", "[run]") {
   c.set("positions", "sinusoidal");
   auto deep = model_architecture(c);
   CHECK(deep.kind == "transformer");
-  CHECK(deep.options == nn::architecture_of(nn::TransformerLMOptions(64, 10, 32, 4, 3)
-                                                .mlp_expansion(2)
-                                                .dropout(0.25)
-                                                .attn_dropout(0.125)
-                                                .bias(false)
-                                                .pre_ln(false)
-                                                .activation(nn::Activation::gelu)
-                                                .tie_weights(false)
-                                                .positions(nn::PositionEncoding::sinusoidal))
+  CHECK(deep.options == nn::architecture_of(test::with(nn::TransformerLMOptions(64, 10, 32, 4, 3)
+                                                          .tie_weights(false)
+                                                          .positions(nn::PositionEncoding::sinusoidal),
+                                                      {{"mlp_expansion", "2"},
+                                                       {"dropout", "0.25"},
+                                                       {"attn_dropout", "0.125"},
+                                                       {"bias", "false"},
+                                                       {"pre_ln", "false"},
+                                                       {"activation", "gelu"}}))
                             .options);
   c.model = "mamba";
   CHECK_THAT(error_message([&] { model_architecture(c); }),

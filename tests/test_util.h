@@ -13,8 +13,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tinylm::test {
@@ -30,6 +32,13 @@ std::string error_message(F&& f) {
   }
   FAIL("expected a c10::Error, nothing was thrown");
   return {};
+}
+
+/// `o` with stored options set by name, from their text, as an architecture or a config
+/// sets them (`bias` sets the attention's and the MLP's): with(o, {{"bias", "false"}}).
+inline nn::TransformerLMOptions with(nn::TransformerLMOptions o, const std::map<std::string, std::string>& options) {
+  for (const auto& [name, text] : options) nn::TransformerLMOptions::spec().set(o, name, OptionValue(text));
+  return o;
 }
 
 /// An empty scratch directory for one test: $TMPDIR/tinylm_test_<name>, emptied first.

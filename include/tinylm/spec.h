@@ -233,3 +233,8 @@ class OptionSpec {
 /// spec.add(TINYLM_OPTION(Options, d_model), "embedding width", at_least(1)).
 #define TINYLM_OPTION(Options, field) \
   #field, [](Options & o) -> auto& { return o.field(); }
+
+/// The same for a field held deeper, under a name of its own:
+/// spec.add(TINYLM_OPTION_AT(Options, "mlp_expansion", block().mlp().expansion), ...).
+#define TINYLM_OPTION_AT(Options, name, path) \
+  name, [](Options & o) -> auto& { return o.path(); }

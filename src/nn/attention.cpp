@@ -62,6 +62,21 @@ torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, boo
 #endif
 }
 
+torch::Tensor rotate_halves(const torch::Tensor& x, int64_t start, double base) {
+  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rotate_halves: expected (B, T, H, Dh) with Dh even, got ",
+              x.sizes());
+  TORCH_CHECK(base > 0 && start >= 0, "rotate_halves: base must be > 0 and start >= 0, got ", base, " and ", start);
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  // The angles in double, as the reference computes them, then in x's type.
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  auto inv_freq = torch::pow(base, torch::arange(half, f64) * (-2.0 / static_cast<double>(2 * half)));  // (Dh/2)
+  auto angles = torch::arange(start, start + T, f64).unsqueeze(1) * inv_freq.unsqueeze(0);             // (T, Dh/2)
+  auto to_x = x.options().requires_grad(false);
+  auto cos = angles.cos().to(to_x).view({1, T, 1, half}), sin = angles.sin().to(to_x).view({1, T, 1, half});
+  auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
+  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, /*dim=*/3);  // (B, T, H, Dh)
+}
+
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads) {
   TORCH_CHECK(x.dim() == 3, "split_heads: expected (B, T, D), got rank ", x.dim());
   TORCH_CHECK(n_heads >= 1 && x.size(2) % n_heads == 0, "split_heads: D=", x.size(2),
@@ -97,8 +112,15 @@ void MultiHeadSelfAttentionImpl::reset() {
               options.attn_dropout());
   TORCH_CHECK(options.out_dropout() >= 0 && options.out_dropout() < 1,
               "MultiHeadSelfAttention: out_dropout must be in [0, 1), got ", options.out_dropout());
+  TORCH_CHECK(options.n_kv_heads() >= 0 && H % n_kv_heads() == 0, "MultiHeadSelfAttention: n_kv_heads ",
+              options.n_kv_heads(), " must divide n_heads ", H, " (0: as many as n_heads)");
+  TORCH_CHECK(options.rotary_base() >= 0 && std::isfinite(options.rotary_base()),
+              "MultiHeadSelfAttention: rotary_base must be >= 0 (0: none), got ", options.rotary_base());
+  TORCH_CHECK(options.rotary_base() == 0 || (D / H) % 2 == 0, "MultiHeadSelfAttention: rotary positions need an "
+              "even head width, got d_model / n_heads = ", D / H);
+  const int64_t kv = n_kv_heads() * (D / H);
   qkv_proj = register_module(
-      "qkv_proj", torch::nn::Linear(torch::nn::LinearOptions(D, 3 * D).bias(options.bias())));
+      "qkv_proj", torch::nn::Linear(torch::nn::LinearOptions(D, D + 2 * kv).bias(options.bias())));
   out_proj = register_module(
       "out_proj", torch::nn::Linear(torch::nn::LinearOptions(D, D).bias(options.bias())));
 }
@@ -110,7 +132,10 @@ void MultiHeadSelfAttentionImpl::reset_parameters() {
 
 void MultiHeadSelfAttentionImpl::pretty_print(std::ostream& os) const {
   os << "tinylm::nn::MultiHeadSelfAttention(d_model=" << options.d_model()
-     << ", n_heads=" << options.n_heads() << ", context_length="
+     << ", n_heads=" << options.n_heads();
+  if (n_kv_heads() != n_heads()) os << ", n_kv_heads=" << n_kv_heads();
+  if (options.rotary_base() > 0) os << ", rotary_base=" << options.rotary_base();
+  os << ", context_length="
      << options.context_length() << ", causal=" << (options.causal() ? "true" : "false")
      << ")";
 }
@@ -123,6 +148,25 @@ const char* to_string(AttentionKernel kernel) {
     case AttentionKernel::sdpa: return "sdpa";
   }
   return "?";
+}
+
+torch::Tensor MultiHeadSelfAttentionImpl::full_qkv(const torch::Tensor& qkv, int64_t start) const {
+  const int64_t D = options.d_model(), H = n_heads(), Hkv = n_kv_heads(), Dh = d_head();
+  const double base = options.rotary_base();
+  if (Hkv == H && base == 0) return qkv;  // already [q | k | v] of H heads each
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  auto q = qkv.narrow(2, 0, D).reshape({B, T, H, Dh});
+  auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, T, Hkv, Dh});
+  auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, T, Hkv, Dh});
+  if (base > 0) {
+    q = rotate_halves(q, start, base);
+    k = rotate_halves(k, start, base);
+  }
+  if (Hkv != H) {  // each key/value head serves H / Hkv query heads, in order
+    k = k.repeat_interleave(H / Hkv, /*dim=*/2);
+    v = v.repeat_interleave(H / Hkv, /*dim=*/2);
+  }
+  return torch::cat({q.reshape({B, T, D}), k.reshape({B, T, D}), v.reshape({B, T, D})}, /*dim=*/2);
 }
 
 AttentionKernel MultiHeadSelfAttentionImpl::kernel_for(const torch::Tensor& x, bool return_weights,
@@ -169,7 +213,7 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
               " exceeds context_length ", options.context_length());
 
   const KernelPolicy& policy = *options.kernel_policy();
-  auto qkv_all = linear(x, qkv_proj->weight, qkv_proj->bias, policy);  // (B, T, 3D)
+  auto qkv_all = full_qkv(linear(x, qkv_proj->weight, qkv_proj->bias, policy), 0);  // (B, T, 3D)
 
   const bool dropout_active = is_training() && options.attn_dropout() > 0;
   const AttentionKernel kernel = kernel_for(x, return_weights, padding_mask.defined());
@@ -225,16 +269,27 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   TORCH_CHECK(Tc + Tn <= options.context_length(), "MultiHeadSelfAttention: cached length ",
               Tc, " + new tokens ", Tn, " exceeds context_length ", options.context_length());
   const KernelPolicy& policy = *options.kernel_policy();
-  auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, policy).chunk(3, /*dim=*/-1);                // 3 x (B, Tn, D)
-  auto q = split_heads(qkv[0], H);                            // (B, H, Tn, Dh)
-  auto k = split_heads(qkv[1], H), v = split_heads(qkv[2], H);
-  keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;           // (B, H, Tc + Tn, Dh)
+  const int64_t B = x.size(0), Hkv = n_kv_heads(), Dh = d_head();
+  auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, policy);  // (B, Tn, D + 2 Hkv Dh)
+  auto q = qkv.narrow(2, 0, D).reshape({B, Tn, H, Dh});
+  auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
+  auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
+  if (options.rotary_base() > 0) {  // at their positions Tc .. Tc + Tn - 1
+    q = rotate_halves(q, Tc, options.rotary_base());
+    k = rotate_halves(k, Tc, options.rotary_base());
+  }
+  q = q.transpose(1, 2);                                       // (B, H, Tn, Dh)
+  k = k.transpose(1, 2), v = v.transpose(1, 2);                // (B, Hkv, Tn, Dh)
+  keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;            // (B, Hkv, Tc + Tn, Dh)
   values = Tc ? torch::cat({values, v}, /*dim=*/2) : v;
   // One new token sees every cached key: its mask row would be all true.
   auto allowed = options.causal() && Tn > 1 ? causal_rows(Tc, Tn, Tc + Tn, x.device())
                                             : torch::Tensor();  // (Tn, Tc + Tn)
-  auto weights = attention_weights(q, keys, allowed);             // (B, H, Tn, Tc + Tn)
-  auto context = merge_heads(torch::matmul(weights, values));     // (B, Tn, D)
+  // Each key/value head serves H / Hkv query heads, in order.
+  const auto all_keys = Hkv == H ? keys : keys.repeat_interleave(H / Hkv, /*dim=*/1);        // (B, H, ., Dh)
+  const auto all_values = Hkv == H ? values : values.repeat_interleave(H / Hkv, /*dim=*/1);
+  auto weights = attention_weights(q, all_keys, allowed);         // (B, H, Tn, Tc + Tn)
+  auto context = merge_heads(torch::matmul(weights, all_values));  // (B, Tn, D)
   return linear(context, out_proj->weight, out_proj->bias, policy);
 }
 

@@ -18,7 +18,8 @@ void LayerNormImpl::reset() {
   const int64_t D = options.d_model();
   TORCH_CHECK(D >= 1, "LayerNorm: d_model must be >= 1, got ", D);
   TORCH_CHECK(options.eps() > 0, "LayerNorm: eps must be > 0, got ", options.eps());
-  weight = register_parameter("weight", torch::empty({D}));
+  if (options.gain()) weight = register_parameter("weight", torch::empty({D}));
+  else weight = torch::Tensor();
   if (options.bias()) bias = register_parameter("bias", torch::empty({D}));
   else bias = torch::Tensor();
   reset_parameters();
@@ -26,22 +27,24 @@ void LayerNormImpl::reset() {
 
 void LayerNormImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
-  weight.fill_(1.0);
+  if (weight.defined()) weight.fill_(1.0);
   if (bias.defined()) bias.zero_();
 }
 
 void LayerNormImpl::pretty_print(std::ostream& os) const {
-  os << "tinylm::nn::LayerNorm(d_model=" << options.d_model() << ", eps=" << options.eps()
-     << ", bias=" << (options.bias() ? "true" : "false") << ")";
+  os << "tinylm::nn::" << (options.kind() == NormKind::rms_norm ? "RMSNorm" : "LayerNorm")
+     << "(d_model=" << options.d_model() << ", eps=" << options.eps()
+     << ", gain=" << (options.gain() ? "true" : "false") << ", bias=" << (options.bias() ? "true" : "false") << ")";
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  return layer_norm(x, weight, bias, options.eps(), *options.kernel_policy());
+  return layer_norm(x, weight, bias, options.eps(), *options.kernel_policy(), options.kind() == NormKind::rms_norm);
 }
 
 std::pair<torch::Tensor, torch::Tensor> LayerNormImpl::forward_residual(const torch::Tensor& x,
                                                                         const torch::Tensor& r) {
-  return add_layer_norm(x, r, weight, bias, options.eps(), *options.kernel_policy());
+  return add_layer_norm(x, r, weight, bias, options.eps(), *options.kernel_policy(),
+                        options.kind() == NormKind::rms_norm);
 }
 
 // ---- FeedForward ---------------------------------------------------------------
@@ -50,34 +53,46 @@ FeedForwardImpl::FeedForwardImpl(const FeedForwardOptions& options_) : options(o
   reset();
 }
 
-const char* to_string(Activation a) { return a == Activation::gelu ? "gelu" : "gelu-tanh"; }
-
-Activation activation_from_string(const std::string& s) {
-  if (s == "gelu-tanh") return Activation::gelu_tanh;
-  if (s == "gelu") return Activation::gelu;
-  TORCH_CHECK(false, "unknown activation '", printable(s), "': use gelu-tanh or gelu");
-  return Activation::gelu_tanh;
+const char* to_string(Activation a) {
+  switch (a) {
+    case Activation::gelu_tanh: return "gelu-tanh";
+    case Activation::gelu: return "gelu";
+    case Activation::swiglu: return "swiglu";
+  }
+  return "?";
 }
 
+const char* to_string(NormKind n) { return n == NormKind::rms_norm ? "rms-norm" : "layer-norm"; }
+
 void FeedForwardImpl::reset() {
-  const int64_t D = options.d_model(), e = options.expansion();
+  const int64_t D = options.d_model(), F = hidden();
   TORCH_CHECK(D >= 1, "FeedForward: d_model must be >= 1, got ", D);
-  TORCH_CHECK(e >= 1, "FeedForward: expansion must be >= 1, got ", e);
+  TORCH_CHECK(options.expansion() >= 1, "FeedForward: expansion must be >= 1, got ", options.expansion());
+  TORCH_CHECK(options.hidden() >= 0, "FeedForward: hidden must be >= 0 (0: expansion * d_model), got ",
+              options.hidden());
   TORCH_CHECK(options.dropout() >= 0 && options.dropout() < 1,
               "FeedForward: dropout must be in [0, 1), got ", options.dropout());
-  fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(D, e * D).bias(options.bias())));
+  const int64_t inputs = options.activation() == Activation::swiglu ? 2 * F : F;
+  fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(D, inputs).bias(options.bias())));
   proj = register_module("proj",
-                         torch::nn::Linear(torch::nn::LinearOptions(e * D, D).bias(options.bias())));
+                         torch::nn::Linear(torch::nn::LinearOptions(F, D).bias(options.bias())));
 }
 
 void FeedForwardImpl::pretty_print(std::ostream& os) const {
-  os << "tinylm::nn::FeedForward(d_model=" << options.d_model()
-     << ", expansion=" << options.expansion() << ")";
+  os << "tinylm::nn::FeedForward(d_model=" << options.d_model() << ", hidden=" << hidden()
+     << ", activation=" << to_string(options.activation()) << ")";
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   const KernelPolicy& policy = *options.kernel_policy();
-  auto h = gelu(linear(x, fc->weight, fc->bias, policy), options.activation() == Activation::gelu, policy);  // (B, T, eD)
+  auto a = linear(x, fc->weight, fc->bias, policy);  // (B, T, F), SwiGLU (B, T, 2F)
+  torch::Tensor h;                                    // (B, T, F)
+  if (options.activation() == Activation::swiglu) {
+    auto gate_up = a.chunk(2, /*dim=*/-1);
+    h = torch::silu(gate_up[0]) * gate_up[1];
+  } else {
+    h = gelu(a, options.activation() == Activation::gelu, policy);
+  }
   return torch::dropout(linear(h, proj->weight, proj->bias, policy), options.dropout(), is_training());    // (B, T, D)
 }
 
@@ -89,28 +104,18 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerBlockOptions& option
 }
 
 void TransformerBlockImpl::reset() {
-  const int64_t D = options.d_model();
-  TORCH_CHECK(options.residual_dropout() >= 0 && options.residual_dropout() < 1,
-              "TransformerBlock: residual_dropout must be in [0, 1), got ",
-              options.residual_dropout());
-  const auto norm = LayerNormOptions(D).eps(options.ln_eps()).bias(options.layer_norm_bias()).kernel_policy(options.kernel_policy());
+  // Each part as its options say, with the block's shape and the block's policy.
+  const auto& policy = options.kernel_policy();
+  auto norm = options.norm();
+  norm.d_model(options.d_model()).kernel_policy(policy);
+  auto attention = options.attention();
+  attention.kernel_policy(policy);
+  auto feed_forward = options.mlp();
+  feed_forward.d_model(options.d_model()).kernel_policy(policy);
   ln1 = register_module("ln1", LayerNorm(norm));
-  attn = register_module(
-      "attn", MultiHeadSelfAttention(
-                  MultiHeadSelfAttentionOptions(D, options.n_heads(), options.context_length())
-                      .attn_dropout(options.attn_dropout())
-                      .out_dropout(options.residual_dropout())
-                      .causal(options.causal())
-                      .bias(options.bias())
-                      .kernel(options.attention_kernel())
-                      .kernel_policy(options.kernel_policy())));
+  attn = register_module("attn", MultiHeadSelfAttention(attention));
   ln2 = register_module("ln2", LayerNorm(norm));
-  mlp = register_module("mlp", FeedForward(FeedForwardOptions(D)
-                                               .expansion(options.mlp_expansion())
-                                               .dropout(options.residual_dropout())
-                                               .bias(options.bias())
-                                               .activation(options.activation())
-                                               .kernel_policy(options.kernel_policy())));
+  mlp = register_module("mlp", FeedForward(feed_forward));
 }
 
 void TransformerBlockImpl::pretty_print(std::ostream& os) const {

@@ -34,7 +34,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                                 const torch::Tensor& r_in, const torch::Tensor& weight,
-                                                const torch::Tensor& bias, double eps) {
+                                                const torch::Tensor& bias, double eps, bool center) {
     RECORD_USER_SCOPE("tinylm::layer_norm");
     const int64_t D = weight.numel(), rows = x_in.numel() / D;
     const bool fused = r_in.numel() > 0, has_bias = bias.numel() > 0;
@@ -48,11 +48,13 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     at::parallel_for(0, rows, grain_rows(D), [&](int64_t begin, int64_t end) {
       k.layer_norm_forward(floats(x) + begin * D, fused ? floats(r) + begin * D : nullptr,
                            fused ? floats(h) + begin * D : nullptr, floats(w), floats(b), floats(y) + begin * D,
-                           floats(mean) + begin, floats(rstd) + begin, end - begin, D, static_cast<float>(eps));
+                           floats(mean) + begin, floats(rstd) + begin, end - begin, D, static_cast<float>(eps),
+                           center);
     });
     ctx->save_for_backward({h, w, mean, rstd});
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["center"] = center;
     if (fused) return {h, y};
     return {y};
   }
@@ -62,7 +64,8 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     RECORD_USER_SCOPE("tinylm::layer_norm_backward");
     const auto saved = ctx->get_saved_variables();
     const auto &h = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-    const bool fused = ctx->saved_data["fused"].toBool(), has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool fused = ctx->saved_data["fused"].toBool(), has_bias = ctx->saved_data["has_bias"].toBool(),
+               center = ctx->saved_data["center"].toBool();
     auto dy = grads[fused ? 1 : 0];
     dy = dy.defined() ? dy.contiguous() : torch::zeros_like(h);  // y unused, h used
     const auto dh = fused && grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
@@ -76,7 +79,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
         float* sums = floats(partial) + block * partial.stride(0);
         k.layer_norm_backward(floats(h) + r0 * D, floats(dy) + r0 * D, floats(w), floats(mean) + r0,
                               floats(rstd) + r0, dh.defined() ? floats(dh) + r0 * D : nullptr,
-                              floats(dx) + r0 * D, sums, has_bias ? sums + D : nullptr, n, D);
+                              floats(dx) + r0 * D, sums, has_bias ? sums + D : nullptr, n, D, center);
       }
     });
     auto sums = torch::zeros({has_bias ? 2 : 1, D}, h.options());
@@ -84,34 +87,53 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const float* part = floats(partial);
     for (int64_t i = 0; i < partial.numel(); ++i) total[i % sums.numel()] += part[i];  // blocks in order
     return {dx, fused ? dx : torch::Tensor(), sums[0].view_as(w), has_bias ? sums[1].view_as(w) : torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
 bool loops_run(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& weight,
                const torch::Tensor& bias, const KernelPolicy& policy) {
-  return policy.layer_norm_loops && fits(x) && fits(weight) && weight.dim() == 1 && x.dim() >= 1 &&
-         x.numel() > 0 && x.size(-1) == weight.size(0) && (!bias.defined() || (fits(bias) && bias.sizes() == weight.sizes())) &&
+  const int64_t D = x.dim() >= 1 ? x.size(-1) : 0;
+  return policy.layer_norm_loops && fits(x) && x.numel() > 0 &&
+         (!weight.defined() || (fits(weight) && weight.dim() == 1 && weight.size(0) == D)) &&
+         (!bias.defined() || (fits(bias) && bias.dim() == 1 && bias.size(0) == D)) &&
          (!r.defined() || (fits(r) && r.sizes() == x.sizes()));
+}
+
+/// LibTorch's ops for what the loops do not take.
+torch::Tensor reference_norm(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& bias,
+                             double eps, bool rms) {
+  if (!rms) return torch::layer_norm(h, {h.size(-1)}, weight, bias, eps);
+  auto y = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (weight.defined()) y = y * weight;
+  return bias.defined() ? y + bias : y;
+}
+
+/// The loops' inputs: a gain of ones where there is none (its gradient goes nowhere), an
+/// empty tensor for no bias or residual.
+torch::autograd::variable_list run_loops(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& weight,
+                                         const torch::Tensor& bias, double eps, bool rms) {
+  const auto none = torch::empty({0}, x.options());
+  return LayerNormFunction::apply(x, r.defined() ? r : none, weight.defined() ? weight : torch::ones({x.size(-1)}, x.options()),
+                                  bias.defined() ? bias : none, eps, !rms);
 }
 
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                         double eps, const KernelPolicy& policy) {
-  if (!loops_run(x, {}, weight, bias, policy)) return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
-  const auto none = torch::empty({0}, x.options());
-  return LayerNormFunction::apply(x, none, weight, bias.defined() ? bias : none, eps)[0];
+                         double eps, const KernelPolicy& policy, bool rms) {
+  if (!loops_run(x, {}, weight, bias, policy)) return reference_norm(x, weight, bias, eps, rms);
+  return run_loops(x, {}, weight, bias, eps, rms)[0];
 }
 
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r,
                                                        const torch::Tensor& weight, const torch::Tensor& bias,
-                                                       double eps, const KernelPolicy& policy) {
+                                                       double eps, const KernelPolicy& policy, bool rms) {
   if (!loops_run(x, r, weight, bias, policy)) {
     auto h = x + r;
-    return {h, torch::layer_norm(h, {weight.size(0)}, weight, bias, eps)};
+    return {h, reference_norm(h, weight, bias, eps, rms)};
   }
-  auto out = LayerNormFunction::apply(x, r, weight, bias.defined() ? bias : torch::empty({0}, x.options()), eps);
+  auto out = run_loops(x, r, weight, bias, eps, rms);
   return {out[0], out[1]};
 }
 

@@ -72,13 +72,23 @@ std::vector<std::pair<std::string, AttentionKernel>> kernel_names() {
 // and the rule between width and heads.
 template <typename O>
 void add_shape_options(OptionSpec<O>& s) {
+  // Read and set through the options' functions: a transformer's shape is its block's.
   // One token is always right (loss 0, accuracy 100%): a model that cannot learn anything.
   s.add(TINYLM_OPTION(O, vocab_size), "vocabulary size",
         Rule<int64_t>{[](const int64_t& v) { return v >= 2; }, "must be >= 2 (one token leaves nothing to learn)"})
       .required();
-  s.add(TINYLM_OPTION(O, context_length), "the longest sequence the model takes", at_least(1)).required();
-  s.add(TINYLM_OPTION(O, d_model), "embedding width", at_least(1)).required();
-  s.add(TINYLM_OPTION(O, n_heads), "attention heads", at_least(1)).required();
+  s.template field<int64_t>(
+       "context_length", [](const O& o) { return int64_t(o.context_length()); },
+       [](O& o, const int64_t& v) { o.context_length(v); }, "the longest sequence the model takes", at_least(1))
+      .required();
+  s.template field<int64_t>(
+       "d_model", [](const O& o) { return int64_t(o.d_model()); }, [](O& o, const int64_t& v) { o.d_model(v); },
+       "embedding width", at_least(1))
+      .required();
+  s.template field<int64_t>(
+       "n_heads", [](const O& o) { return int64_t(o.n_heads()); }, [](O& o, const int64_t& v) { o.n_heads(v); },
+       "attention heads", at_least(1))
+      .required();
   s.rule([](const O& o, Spelling sp) {
     if (o.n_heads() < 1 || o.d_model() % o.n_heads() == 0) return std::string();
     return c10::str(spell("d_model", sp), " ", o.d_model(), " must be divisible by ", spell("n_heads", sp), " ",
@@ -113,26 +123,87 @@ const OptionSpec<TransformerLMOptions>& TransformerLMOptions::spec() {
     OptionSpec<O> s("TransformerLM");
     add_shape_options(s);
     s.add(TINYLM_OPTION(O, n_layers), "transformer blocks", at_least(1)).required();
-    s.add(TINYLM_OPTION(O, mlp_expansion), "MLP hidden width / d_model", at_least(1));
-    s.add(TINYLM_OPTION(O, dropout), "embedding and residual dropout", fraction());
-    s.add(TINYLM_OPTION(O, attn_dropout), "attention-weight dropout", fraction());
-    s.add(TINYLM_OPTION(O, bias), "biases in Linear layers");
-    s.add(TINYLM_OPTION(O, layer_norm_bias), "biases in LayerNorms (false with bias false: nanoGPT's bias=False)");
-    s.add(TINYLM_OPTION(O, pre_ln), "pre-LN blocks; false = post-LN");
-    s.choice(TINYLM_OPTION(O, activation), {{to_string(Activation::gelu_tanh), Activation::gelu_tanh},
-                                            {to_string(Activation::gelu), Activation::gelu}},
-             "MLP GELU: gelu-tanh (tanh approximation) or gelu (exact, as nanoGPT)");
+    s.add(TINYLM_OPTION_AT(O, "mlp_expansion", block().mlp().expansion), "MLP hidden width / d_model", at_least(1));
+    s.add(TINYLM_OPTION_AT(O, "mlp_hidden", block().mlp().hidden),
+          "MLP hidden width, where mlp_expansion x d_model is not wanted (SwiGLU's 8/3 d_model)",
+          Rule<int64_t>{[](const int64_t& v) { return v >= 0; }, "must be >= 0 (0: mlp_expansion x d_model)"});
+    s.add(TINYLM_OPTION_AT(O, "n_kv_heads", block().attention().n_kv_heads),
+          "key/value heads (grouped-query attention; 1: multi-query)",
+          Rule<int64_t>{[](const int64_t& v) { return v >= 0; }, "must be >= 0 (0: one per query head)"});
+    // One stored dropout for the embeddings and both residual branches, one bias flag for
+    // every Linear: a model whose parts differ has no architecture to store.
+    s.field<double>(
+        "dropout", [](const O& o) { return o.dropout(); },
+        [](O& o, const double& p) {
+          o.dropout(p);
+          o.block().attention().out_dropout(p);
+          o.block().mlp().dropout(p);
+        },
+        "embedding and residual dropout", fraction());
+    s.add(TINYLM_OPTION_AT(O, "attn_dropout", block().attention().attn_dropout), "attention-weight dropout",
+          fraction());
+    s.field<bool>(
+        "bias", [](const O& o) { return o.block().attention().bias(); },
+        [](O& o, const bool& b) {
+          o.block().attention().bias(b);
+          o.block().mlp().bias(b);
+        },
+        "biases in Linear layers");
+    s.choice(TINYLM_OPTION_AT(O, "norm", block().norm().kind),
+             {{to_string(NormKind::layer_norm), NormKind::layer_norm}, {to_string(NormKind::rms_norm), NormKind::rms_norm}},
+             "the blocks' and the final norm: layer-norm, or rms-norm (no mean taken away, as LLaMA)");
+    s.add(TINYLM_OPTION_AT(O, "norm_gain", block().norm().gain), "a learned gain in the norms");
+    s.add(TINYLM_OPTION_AT(O, "layer_norm_bias", block().norm().bias),
+          "biases in the norms (false with bias false: nanoGPT's bias=False; LLaMA's RMSNorm has none)");
+    s.add(TINYLM_OPTION_AT(O, "pre_ln", block().pre_ln), "pre-LN blocks; false = post-LN");
+    s.choice(TINYLM_OPTION_AT(O, "activation", block().mlp().activation),
+             {{to_string(Activation::gelu_tanh), Activation::gelu_tanh},
+              {to_string(Activation::gelu), Activation::gelu},
+              {to_string(Activation::swiglu), Activation::swiglu}},
+             "MLP: gelu-tanh (tanh approximation), gelu (exact, as nanoGPT) or swiglu (gated, as LLaMA)");
     s.add(TINYLM_OPTION(O, tie_weights), "tie the LM head to the token embedding");
     s.choice(TINYLM_OPTION(O, positions),
              {{to_string(PositionEncoding::learned), PositionEncoding::learned},
               {to_string(PositionEncoding::sinusoidal), PositionEncoding::sinusoidal},
-              {to_string(PositionEncoding::none), PositionEncoding::none}},
-             "positions: learned, sinusoidal or none");
-    s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal positions' wavelengths", positive());
-    s.choice(TINYLM_OPTION(O, attention_kernel), kernel_names(),
+              {to_string(PositionEncoding::none), PositionEncoding::none},
+              {to_string(PositionEncoding::rotary), PositionEncoding::rotary}},
+             "positions: learned, sinusoidal, rotary (RoPE on queries and keys) or none");
+    s.add(TINYLM_OPTION(O, pos_base), "base of the sinusoidal or rotary positions' wavelengths", positive());
+    s.choice(TINYLM_OPTION_AT(O, "attention_kernel", block().attention().kernel), kernel_names(),
              "attention kernel: automatic (the fastest that applies), plain, fused or sdpa");
     s.rule([](const O& o, Spelling sp) {
       return o.positions() == PositionEncoding::sinusoidal ? even_width_for_sinusoids(o.d_model(), sp) : "";
+    });
+    s.rule([](const O& o, Spelling sp) {
+      const int64_t H = o.n_heads(), kv = o.block().attention().n_kv_heads();
+      if (H < 1 || kv == 0 || H % kv == 0) return std::string();
+      return c10::str(spell("n_kv_heads", sp), " ", kv, " must divide ", spell("n_heads", sp), " ", H,
+                      " (each key/value head serves the same number of query heads)");
+    });
+    s.rule([](const O& o, Spelling sp) {
+      const int64_t H = o.n_heads();
+      if (o.positions() != PositionEncoding::rotary || H < 1 || o.d_model() % H != 0 || (o.d_model() / H) % 2 == 0)
+        return std::string();
+      return c10::str("rotary positions rotate pairs: the head width ", spell("d_model", sp), " / ",
+                      spell("n_heads", sp), " = ", o.d_model() / H, " must be even");
+    });
+    s.rule([](const O& o, Spelling sp) {
+      if (o.block().attention().rotary_base() == 0) return std::string();
+      return c10::str("the attention's rotary_base is the model's to set (", spell("positions", sp),
+                      " rotary, with ", spell("pos_base", sp), "): leave it 0 in the block's options");
+    });
+    s.rule([](const O& o, Spelling sp) {
+      const auto& b = o.block();
+      if (b.attention().out_dropout() == o.dropout() && b.mlp().dropout() == o.dropout()) return std::string();
+      return c10::str("the embedding dropout (", o.dropout(), "), the attention's out_dropout (",
+                      b.attention().out_dropout(), ") and the MLP's dropout (", b.mlp().dropout(),
+                      ") differ: an architecture stores one ", spell("dropout", sp), "; set them equal");
+    });
+    s.rule([](const O& o, Spelling sp) {
+      const auto& b = o.block();
+      if (b.attention().bias() == b.mlp().bias()) return std::string();
+      return c10::str("the attention's bias (", b.attention().bias(), ") and the MLP's (", b.mlp().bias(),
+                      ") differ: an architecture stores one ", spell("bias", sp), "; set them equal");
     });
     return s;
   }();
@@ -238,6 +309,7 @@ const char* to_string(PositionEncoding p) {
     case PositionEncoding::learned: return "learned";
     case PositionEncoding::sinusoidal: return "sinusoidal";
     case PositionEncoding::none: return "none";
+    case PositionEncoding::rotary: return "rotary";
   }
   return "?";
 }
@@ -246,7 +318,8 @@ PositionEncoding position_encoding_from_string(const std::string& s) {
   if (s == "learned") return PositionEncoding::learned;
   if (s == "sinusoidal") return PositionEncoding::sinusoidal;
   if (s == "none") return PositionEncoding::none;
-  TORCH_CHECK(false, "unknown position encoding '", printable(s), "': use learned, sinusoidal or none");
+  if (s == "rotary") return PositionEncoding::rotary;
+  TORCH_CHECK(false, "unknown position encoding '", printable(s), "': use learned, sinusoidal, rotary or none");
 }
 
 TransformerLMImpl::TransformerLMImpl(const TransformerLMOptions& options_) : options(options_) {
@@ -264,6 +337,17 @@ ModelArchitecture architecture_of(const TransformerLMOptions& options) {
   return {"transformer", 1, TransformerLMOptions::spec().write(options)};
 }
 
+TransformerLMOptions transformer_options(const ModelArchitecture& a) {
+  TORCH_CHECK(a.kind == "transformer", "a ", printable(a.kind), " model has no transformer options");
+  TORCH_CHECK(a.version == 1, "a transformer model of option version ", a.version,
+              " is newer than this build understands (version 1): upgrade tinylm");
+  std::vector<std::string> unknown;
+  const auto& spec = TransformerLMOptions::spec();
+  auto options = spec.read(a.options, TransformerLMOptions(0, 0, 0, 0, 0), "a transformer architecture", &unknown);
+  spec.check(options);
+  return options;
+}
+
 void TransformerLMImpl::reset() {
   const int64_t V = options.vocab_size(), C = options.context_length(), D = options.d_model(),
                 L = options.n_layers();
@@ -279,19 +363,13 @@ void TransformerLMImpl::reset() {
                          SinusoidalPositionalEmbeddingOptions(C, D).base(options.pos_base())));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < L; ++i) {
-    blocks->push_back(TransformerBlock(TransformerBlockOptions(D, options.n_heads(), C)
-                                           .mlp_expansion(options.mlp_expansion())
-                                           .attn_dropout(options.attn_dropout())
-                                           .residual_dropout(options.dropout())
-                                           .bias(options.bias())
-                                           .layer_norm_bias(options.layer_norm_bias())
-                                           .pre_ln(options.pre_ln())
-                                           .activation(options.activation())
-                                           .attention_kernel(options.attention_kernel())
-                                           .kernel_policy(policy_)));
-  }
-  ln_f = register_module("ln_f", LayerNorm(LayerNormOptions(D).bias(options.layer_norm_bias()).kernel_policy(policy_)));
+  auto block = options.block();
+  block.kernel_policy(policy_);
+  if (options.positions() == PositionEncoding::rotary) block.attention().rotary_base(options.pos_base());
+  for (int64_t i = 0; i < L; ++i) blocks->push_back(TransformerBlock(block));
+  auto norm = block.norm();
+  norm.d_model(D).kernel_policy(policy_);
+  ln_f = register_module("ln_f", LayerNorm(norm));
   if (!options.tie_weights()) {
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(D, V).bias(false)));
@@ -326,7 +404,7 @@ void TransformerLMImpl::pretty_print(std::ostream& os) const {
      << ", context_length=" << options.context_length() << ", d_model=" << options.d_model()
      << ", n_heads=" << options.n_heads() << ", n_layers=" << options.n_layers()
      << ", positions=" << to_string(options.positions())
-     << ", pre_ln=" << (options.pre_ln() ? "true" : "false")
+     << ", pre_ln=" << (options.block().pre_ln() ? "true" : "false")
      << ", tie_weights=" << (options.tie_weights() ? "true" : "false") << ")";
 }
 

@@ -26,14 +26,23 @@ double tiny_parameter_elements(const TinyAttentionLMOptions& o) {
          + d * v + v;           // lm_head, with bias
 }
 double transformer_parameter_elements(const TransformerLMOptions& o) {
+  const auto& attention = o.block().attention();
+  const auto& mlp = o.block().mlp();
+  const auto& norm = o.block().norm();
   const double v = static_cast<double>(o.vocab_size()), d = static_cast<double>(o.d_model()),
-               c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers()),
-               e = static_cast<double>(o.mlp_expansion());
-  const double biases = o.bias() ? 4 * d + e * d + d : 0;  // attention (qkv, out), mlp (fc, proj)
-  const double norm = o.layer_norm_bias() ? 2 * d : d;  // a LayerNorm's gain (and bias)
-  const double per_layer = 4 * d * d + 2 * e * d * d + biases + 2 * norm;  // + two LayerNorms
+               c = static_cast<double>(o.context_length()), l = static_cast<double>(o.n_layers());
+  const double heads = static_cast<double>(o.n_heads());
+  const double kv_heads = attention.n_kv_heads() > 0 ? static_cast<double>(attention.n_kv_heads()) : heads;
+  const double kv = kv_heads * d / heads;  // keys (and values) per token
+  const double f = static_cast<double>(mlp.hidden() > 0 ? mlp.hidden() : mlp.expansion() * o.d_model());
+  const double f_in = mlp.activation() == Activation::swiglu ? 2 * f : f;  // fc's outputs
+  const double qkv = d * (d + 2 * kv) + (attention.bias() ? d + 2 * kv : 0);
+  const double out = d * d + (attention.bias() ? d : 0);
+  const double mlp_weights = d * f_in + f * d + (mlp.bias() ? f_in + d : 0);  // fc and proj
+  const double one_norm = (norm.gain() ? d : 0) + (norm.bias() ? d : 0);
+  const double per_layer = qkv + out + mlp_weights + 2 * one_norm;
   return v * d + (o.positions() == PositionEncoding::learned ? c * d : 0) + l * per_layer +
-         norm                                   // ln_f
+         one_norm                               // ln_f
          + (o.tie_weights() ? 0 : v * d);       // lm_head (no bias)
 }
 
@@ -57,9 +66,15 @@ BatchMemory tiny_memory(const TinyAttentionLMOptions& o, double B, double T, boo
   return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), 1, 5, 5, true, B, T, training);
 }
 BatchMemory transformer_memory(const TransformerLMOptions& o, double B, double T, bool training) {
-  const double e = static_cast<double>(o.mlp_expansion());
-  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), o.n_layers(), 10 + 2 * e,
-                      4 + e, o.positions() == PositionEncoding::sinusoidal, B, T, training);
+  // The MLP's hidden widths in units of D: GELU keeps its input and output, SwiGLU its
+  // gate, up, silu(gate) and product; rotary positions keep rotated queries and keys.
+  const auto& mlp = o.block().mlp();
+  const double e = static_cast<double>(mlp.hidden() > 0 ? mlp.hidden() : mlp.expansion() * o.d_model()) /
+                   static_cast<double>(std::max<int64_t>(1, o.d_model()));
+  const bool swiglu = mlp.activation() == Activation::swiglu, rotary = o.positions() == PositionEncoding::rotary;
+  return stack_memory(o.vocab_size(), o.context_length(), o.d_model(), o.n_heads(), o.n_layers(),
+                      10 + (swiglu ? 4 : 2) * e + (rotary ? 2 : 0), 4 + (swiglu ? 2 : 1) * e,
+                      o.positions() == PositionEncoding::sinusoidal, B, T, training);
 }
 
 /// "tiny" and "transformer", which the registry holds from the start.

@@ -80,18 +80,20 @@ nn::ModelArchitecture legacy_architecture(const std::string& recipe, const std::
   TORCH_CHECK(model == "transformer", "checkpoint '", path, "' is damaged: its stored config names model '",
               printable(model), "' (formats 1 and 2 hold tiny or transformer models)");
   try {
-    return nn::architecture_of(
-        nn::TransformerLMOptions(integer("vocab-size"), context, integer("d-model"), integer("n-heads"),
-                                 integer("n-layers"))
-            .mlp_expansion(integer("mlp-expansion"))
-            .dropout(real("dropout"))
-            .attn_dropout(real("attn-dropout"))
-            .bias(flag("bias"))
-            .pre_ln(flag("pre-ln"))
-            .activation(nn::activation_from_string(text("activation")))
-            .tie_weights(flag("tie-weights"))
-            .positions(nn::position_encoding_from_string(text("positions")))
-            .attention_kernel(kernel));
+    auto options = nn::TransformerLMOptions(integer("vocab-size"), context, integer("d-model"), integer("n-heads"),
+                                            integer("n-layers"))
+                       .tie_weights(flag("tie-weights"))
+                       .positions(nn::position_encoding_from_string(text("positions")));
+    // The stored keys, set as an architecture's are (dropout and bias set several parts).
+    const auto& spec = nn::TransformerLMOptions::spec();
+    spec.set(options, "mlp_expansion", integer("mlp-expansion"));
+    spec.set(options, "dropout", real("dropout"));
+    spec.set(options, "attn_dropout", real("attn-dropout"));
+    spec.set(options, "bias", flag("bias"));
+    spec.set(options, "pre_ln", flag("pre-ln"));
+    spec.set(options, "activation", text("activation"));
+    spec.set(options, "attention_kernel", std::string(nn::to_string(kernel)));
+    return nn::architecture_of(options);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "checkpoint '", path, "' is damaged: its stored config: ", e.what_without_backtrace());
   }

@@ -1,5 +1,5 @@
-// src/nn/layer_norm.h: LayerNorm (and the residual add before it) on tinylm's loops,
-// against LibTorch's layer_norm, on every instruction set that runs here.
+// src/nn/layer_norm.h: LayerNorm and RMSNorm (and the residual add before them) on
+// tinylm's loops, against LibTorch's ops, on every instruction set that runs here.
 #include "../test_util.h"
 
 #include <tinylm/nn/cpu_kernels.h>
@@ -23,10 +23,10 @@ namespace {
 /// weight and bias (D) away from 1 and 0.
 struct Inputs {
   torch::Tensor x, r, weight, bias;
-  Inputs(int64_t rows, int64_t D, bool with_bias) {
+  Inputs(int64_t rows, int64_t D, bool with_bias, bool with_gain = true) {
     x = (3 * torch::randn({2, rows, D}) + 1).requires_grad_();
     r = torch::randn({2, rows, D}).requires_grad_();
-    weight = (1 + 0.5 * torch::randn({D})).requires_grad_();
+    if (with_gain) weight = (1 + 0.5 * torch::randn({D})).requires_grad_();
     if (with_bias) bias = torch::randn({D}).requires_grad_();
   }
   Inputs copy() const {
@@ -39,8 +39,8 @@ struct Inputs {
 
 }  // namespace
 
-TEST_CASE("LayerNorm on tinylm's loops: LibTorch's output and gradients to float32 rounding, with and "
-          "without the residual add",
+TEST_CASE("LayerNorm and RMSNorm on tinylm's loops: LibTorch's output and gradients to float32 rounding, "
+          "with and without the residual add, gain and bias",
           "[nn][layer_norm]") {
   const CpuIsa isa = GENERATE(from_range(runnable_isas()));
   // Widths: whole vectors at every width, tails, under one vector; rows: several blocks,
@@ -50,17 +50,20 @@ TEST_CASE("LayerNorm on tinylm's loops: LibTorch's output and gradients to float
                                   std::make_pair(1, 256));
   const bool bias = GENERATE(true, false);
   const bool residual = GENERATE(true, false);
+  const bool rms = GENERATE(false, true);
+  const bool gain = GENERATE(true, false);
   KernelGuard guard(isa);
-  INFO("loops " << to_string(isa) << " rows " << rows << " D " << D << " bias " << bias << " residual " << residual);
+  INFO("loops " << to_string(isa) << " rows " << rows << " D " << D << " bias " << bias << " residual " << residual
+                << " rms " << rms << " gain " << gain);
   torch::manual_seed(rows + D);
-  Inputs ours(rows, D, bias);
+  Inputs ours(rows, D, bias, gain);
   Inputs theirs = ours.copy();
   KernelPolicy loops, libtorch;
   libtorch.layer_norm_loops = false;
   auto upstream = torch::randn({2, rows, D}), upstream_h = torch::randn({2, rows, D});
   if (residual) {
-    auto [h, y] = add_layer_norm(ours.x, ours.r, ours.weight, ours.bias, 1e-5, loops);
-    auto [h2, y2] = add_layer_norm(theirs.x, theirs.r, theirs.weight, theirs.bias, 1e-5, libtorch);
+    auto [h, y] = add_layer_norm(ours.x, ours.r, ours.weight, ours.bias, 1e-5, loops, rms);
+    auto [h2, y2] = add_layer_norm(theirs.x, theirs.r, theirs.weight, theirs.bias, 1e-5, libtorch, rms);
     CHECK(max_abs_diff(h, h2) == 0);  // one float32 addition either way
     CHECK(max_abs_diff(y, y2) < 1e-5);
     // Both outputs feed the loss: h's gradient joins the normalisation's on the way to x.
@@ -68,15 +71,15 @@ TEST_CASE("LayerNorm on tinylm's loops: LibTorch's output and gradients to float
     ((y2 * upstream).sum() + (h2 * upstream_h).sum()).backward();
     CHECK(max_abs_diff(ours.r.grad(), theirs.r.grad()) < 1e-5 * std::sqrt(static_cast<double>(D)));
   } else {
-    auto y = layer_norm(ours.x, ours.weight, ours.bias, 1e-5, loops);
-    auto y2 = layer_norm(theirs.x, theirs.weight, theirs.bias, 1e-5, libtorch);
+    auto y = layer_norm(ours.x, ours.weight, ours.bias, 1e-5, loops, rms);
+    auto y2 = layer_norm(theirs.x, theirs.weight, theirs.bias, 1e-5, libtorch, rms);
     CHECK(max_abs_diff(y, y2) < 1e-5);
     y.backward(upstream);
     y2.backward(upstream);
   }
   CHECK(max_abs_diff(ours.x.grad(), theirs.x.grad()) < 1e-5 * std::sqrt(static_cast<double>(D)));
   const double sum_tol = 2e-5 * std::sqrt(2.0 * static_cast<double>(rows));  // sums over rows
-  CHECK(max_abs_diff(ours.weight.grad(), theirs.weight.grad()) < sum_tol);
+  if (gain) CHECK(max_abs_diff(ours.weight.grad(), theirs.weight.grad()) < sum_tol);
   if (bias) CHECK(max_abs_diff(ours.bias.grad(), theirs.bias.grad()) < sum_tol);
 }
 

@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
 
 using namespace tinylm;
 using namespace tinylm::nn;
@@ -58,10 +61,97 @@ TEST_CASE("TransformerLM validates its configuration", "[nn][model][errors]") {
              Catch::Contains("vocab_size must be >= 2"));
   CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 1).dropout(1)); }),
              Catch::Contains("dropout must be in [0, 1), got 1"));
-  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 8, 2, 1).attn_dropout(1)); }),
+  CHECK_THAT(error_message([] { TransformerLM(test::with(TransformerLMOptions(16, 8, 8, 2, 1), {{"attn_dropout", "1"}})); }),
              Catch::Contains("attn_dropout must be in [0, 1), got 1"));
-  CHECK_THAT(error_message([] { position_encoding_from_string("rotary"); }),
-             Catch::Contains("unknown position encoding 'rotary'"));
+  CHECK_THAT(error_message([] { position_encoding_from_string("alibi"); }),
+             Catch::Contains("unknown position encoding 'alibi'"));
+}
+
+TEST_CASE("a transformer's options reach the part that uses them, the shape set once", "[nn][model][options]") {
+  // The stored names set the parts' options (bias: attention and MLP; dropout: the
+  // embeddings and both residual branches), and each module is built from its own.
+  auto o = test::with(TransformerLMOptions(16, 8, 8, 2, 2),
+                      {{"bias", "false"}, {"dropout", "0.125"}, {"attn_dropout", "0.25"}, {"layer_norm_bias", "false"},
+                       {"mlp_expansion", "3"}, {"activation", "gelu"}, {"pre_ln", "false"}, {"attention_kernel", "plain"}});
+  const auto& block = o.block();
+  CHECK_FALSE(block.attention().bias());
+  CHECK_FALSE(block.mlp().bias());
+  CHECK(block.attention().out_dropout() == 0.125);
+  CHECK(block.mlp().dropout() == 0.125);
+  CHECK(o.dropout() == 0.125);
+  o.d_model(12).n_heads(3).context_length(5);  // the shape, once: every part has it
+  CHECK(block.attention().d_model() == 12);
+  CHECK(block.attention().n_heads() == 3);
+  CHECK(block.attention().context_length() == 5);
+  CHECK(block.mlp().d_model() == 12);
+  CHECK(block.norm().d_model() == 12);
+  TransformerLM model(o);
+  for (const auto& module : *model->blocks) {
+    const auto& b = *module->as<TransformerBlock>();
+    CHECK(b.attn->options.d_model() == 12);
+    CHECK(b.attn->options.attn_dropout() == 0.25);
+    CHECK(b.attn->options.out_dropout() == 0.125);
+    CHECK(b.attn->options.kernel() == AttentionKernel::plain);
+    CHECK_FALSE(b.attn->qkv_proj->bias.defined());
+    CHECK(b.mlp->fc->weight.size(0) == 36);
+    CHECK(b.mlp->options.activation() == Activation::gelu);
+    CHECK_FALSE(b.mlp->fc->bias.defined());
+    CHECK_FALSE(b.ln1->bias.defined());
+    CHECK_FALSE(b.options.pre_ln());
+  }
+  CHECK(model->ln_f->weight.size(0) == 12);
+  CHECK_FALSE(model->ln_f->bias.defined());
+  CHECK(model->architecture().options == architecture_of(o).options);
+
+  // What an architecture cannot store is refused, not half-stored.
+  auto apart = TransformerLMOptions(16, 8, 8, 2, 1);
+  apart.block().mlp().bias(false);
+  CHECK_THAT(error_message([&] { TransformerLM{apart}; }),
+             Catch::Contains("the attention's bias (1) and the MLP's (0) differ: an architecture stores one bias"));
+  auto embedding_only = TransformerLMOptions(16, 8, 8, 2, 1).dropout(0.5);
+  CHECK_THAT(error_message([&] { TransformerLM{embedding_only}; }),
+             Catch::Contains("an architecture stores one dropout; set them equal"));
+}
+
+TEST_CASE("rotary positions, RMSNorm, SwiGLU and grouped-query attention build what they say, and refuse "
+          "what cannot be",
+          "[nn][model][options]") {
+  TransformerLM llama(test::with(TransformerLMOptions(16, 8, 16, 4, 1).positions(PositionEncoding::rotary).pos_base(500),
+                                 {{"norm", "rms-norm"}, {"activation", "swiglu"}, {"mlp_hidden", "24"},
+                                  {"n_kv_heads", "2"}, {"layer_norm_bias", "false"}, {"bias", "false"}}));
+  CHECK_FALSE(llama->learned_positions);
+  CHECK_FALSE(llama->sinusoidal_positions);
+  const auto& b = *llama->blocks[0]->as<TransformerBlock>();
+  CHECK(b.attn->options.rotary_base() == 500);
+  CHECK(b.attn->qkv_proj->weight.sizes() == torch::IntArrayRef({16 + 2 * 2 * 4, 16}));  // q, then 2 kv heads of 4
+  CHECK(b.mlp->fc->weight.sizes() == torch::IntArrayRef({2 * 24, 16}));                 // gate and up
+  CHECK(b.mlp->proj->weight.sizes() == torch::IntArrayRef({16, 24}));
+  CHECK(b.ln1->options.kind() == NormKind::rms_norm);
+  CHECK_FALSE(b.ln1->bias.defined());
+  CHECK(llama->options.block().attention().rotary_base() == 0);  // the model's to set, from positions
+  // An RMSNorm without gain leaves each row with a mean square of 1 (to its eps).
+  LayerNorm plain_rms(LayerNormOptions(32).kind(NormKind::rms_norm).gain(false).bias(false));
+  CHECK(plain_rms->parameters().empty());
+  auto y = plain_rms(3 * torch::randn({4, 32}) + 2);
+  CHECK(max_abs_diff(y.pow(2).mean(-1), torch::ones({4})) < 1e-4);
+  // Each works in a forward and backward pass.
+  auto out = llama->forward(torch::randint(16, {2, 8}, torch::kLong), /*return_weights=*/true);
+  CHECK(out.attention[0].sizes() == torch::IntArrayRef({2, 4, 8, 8}));  // the query heads'
+  out.logits.sum().backward();
+  for (const auto& p : llama->named_parameters()) {
+    INFO(p.key());
+    CHECK(p.value().grad().defined());
+  }
+
+  CHECK_THAT(error_message([] { TransformerLM(test::with(TransformerLMOptions(16, 8, 16, 4, 1), {{"n_kv_heads", "3"}})); }),
+             Catch::Contains("n_kv_heads 3 must divide n_heads 4"));
+  CHECK_THAT(error_message([] { TransformerLM(TransformerLMOptions(16, 8, 6, 2, 1).positions(PositionEncoding::rotary)); }),
+             Catch::Contains("the head width d_model / n_heads = 3 must be even"));
+  auto set_below = TransformerLMOptions(16, 8, 16, 4, 1);
+  set_below.block().attention().rotary_base(10000);
+  CHECK_THAT(error_message([&] { TransformerLM{set_below}; }), Catch::Contains("leave it 0 in the block's options"));
+  CHECK_THAT(error_message([] { TransformerLM(test::with(TransformerLMOptions(16, 8, 16, 4, 1), {{"mlp_hidden", "-1"}})); }),
+             Catch::Contains("mlp_hidden must be >= 0 (0: mlp_expansion x d_model), got -1"));
 }
 
 TEST_CASE("TransformerLM: logits shape for every position encoding", "[nn][model]") {
@@ -147,8 +237,9 @@ TEST_CASE(".to(dtype) moves parameters and buffers of a whole model", "[nn][mode
 
 TEST_CASE("an architecture rebuilds its model, unknown options are skipped and newer versions refused",
           "[nn][model][architecture]") {
-  TransformerLM deep(TransformerLMOptions(30, 9, 16, 2, 3).positions(PositionEncoding::sinusoidal)
-                         .tie_weights(false).dropout(0.25).mlp_expansion(2));
+  TransformerLM deep(test::with(TransformerLMOptions(30, 9, 16, 2, 3).positions(PositionEncoding::sinusoidal)
+                                    .tie_weights(false),
+                                {{"dropout", "0.25"}, {"mlp_expansion", "2"}}));
   auto arch = deep->architecture();
   CHECK(arch.kind == "transformer");
   auto rebuilt = build_model(arch);
@@ -262,16 +353,38 @@ TEST_CASE("parameter_count matches the built model for every option that changes
       for (bool tie : {true, false})
         for (auto positions : {PositionEncoding::learned, PositionEncoding::sinusoidal, PositionEncoding::none})
           for (int64_t expansion : {1, 3}) {
-            auto o = TransformerLMOptions(11, 9, 8, 2, 2).bias(bias).layer_norm_bias(norm_bias).tie_weights(tie)
-                         .positions(positions).mlp_expansion(expansion);
+            auto o = test::with(TransformerLMOptions(11, 9, 8, 2, 2).tie_weights(tie).positions(positions),
+                                {{"bias", bias ? "true" : "false"},
+                                 {"layer_norm_bias", norm_bias ? "true" : "false"},
+                                 {"mlp_expansion", std::to_string(expansion)}});
             const auto a = architecture_of(o);
             INFO("bias " << bias << " layer_norm_bias " << norm_bias << " tie " << tie << " positions "
                          << to_string(positions) << " expansion " << expansion);
             CHECK(parameter_count(a) == count_parameters(*build_model(a)));
           }
+  // The architectures of today's small models, alone and together.
+  const std::vector<std::map<std::string, std::string>> modern = {
+      {{"norm", "rms-norm"}},
+      {{"norm", "rms-norm"}, {"norm_gain", "false"}, {"layer_norm_bias", "false"}},
+      {{"norm_gain", "false"}},
+      {{"activation", "swiglu"}},
+      {{"activation", "swiglu"}, {"mlp_hidden", "21"}, {"bias", "false"}},
+      {{"mlp_hidden", "5"}},
+      {{"n_kv_heads", "1"}},
+      {{"n_kv_heads", "2"}, {"bias", "false"}},
+      {{"positions", "rotary"}},
+      {{"positions", "rotary"}, {"norm", "rms-norm"}, {"activation", "swiglu"}, {"n_kv_heads", "1"},
+       {"layer_norm_bias", "false"}, {"bias", "false"}, {"mlp_hidden", "24"}}};
+  for (const auto& set : modern) {
+    const auto a = architecture_of(test::with(TransformerLMOptions(11, 9, 8, 2, 2), set));
+    std::string options;
+    for (const auto& [key, value] : set) options += key + "=" + value + " ";
+    INFO(options);
+    CHECK(parameter_count(a) == count_parameters(*build_model(a)));
+  }
   // Without LayerNorm biases: gains only, in every block and at the top, and an
   // architecture that rebuilds the same (older checkpoints, which lack the option, have them).
-  TransformerLM gains(TransformerLMOptions(11, 9, 8, 2, 2).bias(false).layer_norm_bias(false));
+  TransformerLM gains(test::with(TransformerLMOptions(11, 9, 8, 2, 2), {{"bias", "false"}, {"layer_norm_bias", "false"}}));
   for (const auto& p : gains->named_parameters()) {
     INFO(p.key());
     CHECK(p.key().find(".bias") == std::string::npos);

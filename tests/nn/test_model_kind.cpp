@@ -82,17 +82,26 @@ TEST_CASE("an architecture is the exact inverse of the options it came from", "[
   std::mt19937 rng(3);
   for (int i = 0; i < 20; ++i) {
     const int64_t heads = 1 + rng() % 4;
-    TransformerLMOptions o(2 + rng() % 100, 1 + rng() % 64, heads * 2 * (1 + rng() % 8), heads, 1 + rng() % 3);
-    o.mlp_expansion(1 + rng() % 4)
-        .dropout((rng() % 100) / 101.0)
-        .attn_dropout((rng() % 100) / 103.0)
-        .bias(rng() % 2)
-        .pre_ln(rng() % 2)
-        .activation(rng() % 2 ? Activation::gelu : Activation::gelu_tanh)
-        .tie_weights(rng() % 2)
+    TransformerLMOptions o(2 + rng() % 100, 1 + rng() % 64, heads * 2 * (1 + rng() % 8), heads, 1 + rng() % 3);  // even Dh
+    // Set where each is used: one dropout for the embeddings and both residual branches,
+    // one bias flag for the attention and the MLP (what an architecture stores).
+    auto& block = o.block();
+    const double dropout = (rng() % 100) / 101.0;
+    const bool bias = rng() % 2;
+    o.dropout(dropout);
+    block.attention().out_dropout(dropout).attn_dropout((rng() % 100) / 103.0).bias(bias);
+    block.mlp().dropout(dropout).bias(bias).expansion(1 + rng() % 4);
+    block.mlp().activation(rng() % 2 ? Activation::gelu : Activation::gelu_tanh);
+    block.pre_ln(rng() % 2);
+    block.norm().bias(rng() % 2);
+    o.tie_weights(rng() % 2)
         .positions(static_cast<PositionEncoding>(rng() % 3))
-        .pos_base(1000.0 + rng() % 100000 / 7.0)
-        .attention_kernel(static_cast<AttentionKernel>(rng() % 4));
+        .pos_base(1000.0 + rng() % 100000 / 7.0);
+    block.attention().kernel(static_cast<AttentionKernel>(rng() % 4));
+    block.norm().kind(rng() % 2 ? NormKind::rms_norm : NormKind::layer_norm).gain(rng() % 2);
+    if (rng() % 2) block.mlp().activation(Activation::swiglu).hidden(rng() % 3 * (1 + rng() % 40));
+    block.attention().n_kv_heads(rng() % 2 ? heads : 1);
+    if (rng() % 4 == 0) o.positions(PositionEncoding::rotary);
     const auto a = architecture_of(o);
     auto model = build_model(a);
     CHECK(model->architecture().options == a.options);

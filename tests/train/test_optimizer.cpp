@@ -194,7 +194,7 @@ TEST_CASE("AdamW decays Linear weights only, by module kind", "[train][optim][li
         std::set<std::string>{"token_embedding.weight", "learned_positions.weight",
                               "blocks.0.attn.qkv_proj.weight", "blocks.0.attn.out_proj.weight",
                               "blocks.0.mlp.fc.weight", "blocks.0.mlp.proj.weight", "lm_head.weight"});
-  nn::TransformerLM tied(nn::TransformerLMOptions(20, 8, 16, 2, 1).bias(false).layer_norm_bias(false));
+  nn::TransformerLM tied(test::with(nn::TransformerLMOptions(20, 8, 16, 2, 1), {{"bias", "false"}, {"layer_norm_bias", "false"}}));
   CHECK(decayed_parameters(*tied, DecayedParameters::matrices).count("token_embedding.weight") == 1);
   CHECK(decayed_parameters(*tied, DecayedParameters::matrices).size() == 6);  // the head is the embedding
   BigramImpl user(5);

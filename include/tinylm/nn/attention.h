@@ -31,6 +31,14 @@ struct MultiHeadSelfAttentionOptions {
   TORCH_ARG(bool, causal) = true;
   /// Biases on the QKV and output projections.
   TORCH_ARG(bool, bias) = true;
+  /// Key/value heads (grouped-query attention): each serves n_heads / n_kv_heads query
+  /// heads, and the KV cache holds only these. 0: one per query head (multi-head); 1:
+  /// multi-query. Must divide n_heads.
+  TORCH_ARG(int64_t, n_kv_heads) = 0;
+  /// Rotary positions (RoPE) on queries and keys, with this base (LLaMA's 10000): each
+  /// head's two halves are rotated by position x base^(-2i/Dh), i < Dh/2 (Dh must be even).
+  /// 0: none.
+  TORCH_ARG(double, rotary_base) = 0.0;
 
   /// The attention kernel (see AttentionKernel). Default: the fastest that applies.
   TORCH_ARG(AttentionKernel, kernel) = AttentionKernel::automatic;
@@ -48,6 +56,10 @@ struct AttentionOutput {
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads);
 /// (B, H, T, Dh) -> (B, T, H*Dh): the inverse of split_heads.
 torch::Tensor merge_heads(const torch::Tensor& x);
+
+/// Rotary positions: x (B, T, H, Dh) with each head's halves rotated by the angles of
+/// positions start .. start + T - 1 (see MultiHeadSelfAttentionOptions::rotary_base).
+torch::Tensor rotate_halves(const torch::Tensor& x, int64_t start, double base);
 
 /// Self-attention through at::scaled_dot_product_attention: qkv (B, T, 3D) as the fused
 /// projection gives it -> merged heads (B, T, D), with the causal flag and dropout (0 =
@@ -68,7 +80,7 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
                           const torch::Tensor& padding_mask = {});
 
-  /// Incremental decoding: x holds the new tokens (B, Tn, D); keys/values (B, H, Tc, Dh)
+  /// Incremental decoding: x holds the new tokens (B, Tn, D); keys/values (B, Hkv, Tc, Dh)
   /// hold the earlier ones (undefined when empty) and are extended in place. The new
   /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
@@ -78,11 +90,18 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   AttentionKernel kernel_for(const torch::Tensor& x, bool return_weights,
                              bool has_padding_mask) const;
 
+  /// The projection's output (B, T, D + 2 Hkv Dh) as [q | k | v] of H heads each (B, T,
+  /// 3D), what every kernel takes: rotated for positions start .. start + T - 1 where
+  /// rotary, key/value heads repeated for their query heads where grouped; else qkv itself.
+  torch::Tensor full_qkv(const torch::Tensor& qkv, int64_t start) const;
+
   int64_t d_head() const { return options.d_model() / options.n_heads(); }
   int64_t n_heads() const { return options.n_heads(); }
+  /// Key/value heads: options.n_kv_heads(), or n_heads() where that is 0.
+  int64_t n_kv_heads() const { return options.n_kv_heads() > 0 ? options.n_kv_heads() : options.n_heads(); }
 
   MultiHeadSelfAttentionOptions options;
-  torch::nn::Linear qkv_proj{nullptr};  // D -> 3D, output split as q | k | v
+  torch::nn::Linear qkv_proj{nullptr};  // D -> D + 2 Hkv Dh, output split as q | k | v
   torch::nn::Linear out_proj{nullptr};  // D -> D
 };
 TORCH_MODULE(MultiHeadSelfAttention);

@@ -15,25 +15,32 @@
 
 namespace tinylm::nn {
 
-/// The MLP's nonlinearity: GELU with the tanh approximation (GPT-2's, tinylm's default)
-/// or exact GELU (erf; PyTorch's nn.GELU() and nanoGPT's).
-enum class Activation { gelu_tanh, gelu };
+/// The MLP's nonlinearity: GELU with the tanh approximation (GPT-2's, tinylm's default),
+/// exact GELU (erf; PyTorch's nn.GELU() and nanoGPT's), or SwiGLU (LLaMA's gated MLP:
+/// silu(x W_gate) * (x W_up), then the projection).
+enum class Activation { gelu_tanh, gelu, swiglu };
 const char* to_string(Activation a);
-/// "gelu-tanh" | "gelu"; throws on anything else.
-Activation activation_from_string(const std::string& s);
+
+/// LayerNorm: (x - mean) / sqrt(var + eps). RMSNorm: x / sqrt(mean(x^2) + eps), no mean
+/// taken away (LLaMA's).
+enum class NormKind { layer_norm, rms_norm };
+const char* to_string(NormKind n);
 
 struct LayerNormOptions {
   explicit LayerNormOptions(int64_t d_model) : d_model_(d_model) {}
   TORCH_ARG(int64_t, d_model);
   TORCH_ARG(double, eps) = 1e-5;
-  /// false: a gain only, no bias (nanoGPT's bias=False).
+  TORCH_ARG(NormKind, kind) = NormKind::layer_norm;
+  /// A learned gain (ones at first); false: none.
+  TORCH_ARG(bool, gain) = true;
+  /// A learned bias (zeros at first); false: none (nanoGPT's bias=False; LLaMA's RMSNorm).
   TORCH_ARG(bool, bias) = true;
   /// Whether tinylm's loops compute it (KernelPolicy::layer_norm_loops).
   TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
-/// LayerNorm over the last dimension (D) with a learned gain (ones at first) and,
-/// optionally, a learned bias (zeros): torch::nn::LayerNorm has both or neither.
+/// LayerNorm or RMSNorm over the last dimension (D), with a learned gain and a learned
+/// bias, each optional (torch::nn::LayerNorm has both or neither).
 class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
  public:
   explicit LayerNormImpl(const LayerNormOptions& options);
@@ -46,7 +53,7 @@ class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
   std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& x, const torch::Tensor& r);
 
   LayerNormOptions options;
-  torch::Tensor weight;  // (D)
+  torch::Tensor weight;  // (D), or undefined without a gain
   torch::Tensor bias;    // (D), or undefined without a bias
 };
 TORCH_MODULE(LayerNorm);
@@ -54,8 +61,10 @@ TORCH_MODULE(LayerNorm);
 struct FeedForwardOptions {
   explicit FeedForwardOptions(int64_t d_model) : d_model_(d_model) {}
   TORCH_ARG(int64_t, d_model);
-  /// Hidden width = expansion * d_model.
+  /// Hidden width = expansion * d_model, unless `hidden` is set.
   TORCH_ARG(int64_t, expansion) = 4;
+  /// Hidden width; 0: expansion * d_model. (SwiGLU's two input projections each have it.)
+  TORCH_ARG(int64_t, hidden) = 0;
   /// Dropout after the second projection (training only).
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, bias) = true;
@@ -64,40 +73,48 @@ struct FeedForwardOptions {
   TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 
-/// Linear(D, eD) -> GELU (tanh approximation, or exact) -> Linear(eD, D) -> dropout.
+/// Linear(D, F) -> GELU (tanh approximation, or exact) -> Linear(F, D) -> dropout, F the
+/// hidden width; SwiGLU: Linear(D, 2F) as [gate | up] -> silu(gate) * up -> Linear(F, D).
 class FeedForwardImpl : public torch::nn::Cloneable<FeedForwardImpl> {
  public:
   explicit FeedForwardImpl(const FeedForwardOptions& options);
   void reset() override;
   void pretty_print(std::ostream& os) const override;
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, D) -> (B, T, D)
+  /// The hidden width F.
+  int64_t hidden() const { return options.hidden() > 0 ? options.hidden() : options.expansion() * options.d_model(); }
 
   FeedForwardOptions options;
-  torch::nn::Linear fc{nullptr};    // D -> eD
-  torch::nn::Linear proj{nullptr};  // eD -> D (a residual projection)
+  torch::nn::Linear fc{nullptr};    // D -> F (SwiGLU: 2F, gate then up)
+  torch::nn::Linear proj{nullptr};  // F -> D (a residual projection)
 };
 TORCH_MODULE(FeedForward);
 
+/// A block's options hold its parts' options: each setting lives where it is used (the
+/// attention's dropout in `attention`, the MLP's width in `mlp`, the norms' bias in
+/// `norm`). The shape (width, heads, context) is set once, here, for every part.
 struct TransformerBlockOptions {
   TransformerBlockOptions(int64_t d_model, int64_t n_heads, int64_t context_length)
-      : d_model_(d_model), n_heads_(n_heads), context_length_(context_length) {}
-  TORCH_ARG(int64_t, d_model);
-  TORCH_ARG(int64_t, n_heads);
-  TORCH_ARG(int64_t, context_length);
-  TORCH_ARG(int64_t, mlp_expansion) = 4;
-  TORCH_ARG(double, attn_dropout) = 0.0;
-  /// Dropout on each residual branch (attention output and MLP output).
-  TORCH_ARG(double, residual_dropout) = 0.0;
-  TORCH_ARG(bool, bias) = true;
-  /// Biases in the two LayerNorms (false: gains only, as nanoGPT's bias=False).
-  TORCH_ARG(bool, layer_norm_bias) = true;
+      : attention_(d_model, n_heads, context_length), mlp_(d_model), norm_(d_model) {}
+  int64_t d_model() const { return attention_.d_model(); }
+  int64_t n_heads() const { return attention_.n_heads(); }
+  int64_t context_length() const { return attention_.context_length(); }
+  /// Sets the shape of the attention, the MLP and the norms.
+  TransformerBlockOptions& shape(int64_t d_model, int64_t n_heads, int64_t context_length) {
+    attention_.d_model(d_model).n_heads(n_heads).context_length(context_length);
+    mlp_.d_model(d_model);
+    norm_.d_model(d_model);
+    return *this;
+  }
+  /// The self-attention (attn); its out_dropout is the residual dropout of its branch.
+  TORCH_ARG(MultiHeadSelfAttentionOptions, attention);
+  /// The MLP (mlp); its dropout is the residual dropout of its branch.
+  TORCH_ARG(FeedForwardOptions, mlp);
+  /// Both norms (ln1, ln2).
+  TORCH_ARG(LayerNormOptions, norm);
   /// true: x + attn(ln1(x)), x + mlp(ln2(x)).  false: ln1(x + attn(x)), ln2(x + mlp(x)).
   TORCH_ARG(bool, pre_ln) = true;
-  TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
-  TORCH_ARG(bool, causal) = true;
-  TORCH_ARG(double, ln_eps) = 1e-5;
-  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
-  /// Shared by its attention, MLP and LayerNorms.
+  /// The policy of every part: reset() gives this one to the attention, MLP and norms.
   TORCH_ARG(SharedKernelPolicy, kernel_policy) = std::make_shared<const KernelPolicy>();
 };
 

@@ -205,41 +205,50 @@ ModelArchitecture architecture_of(const TinyAttentionLMOptions& options);
 
 // ---- the block stack -----------------------------------------------------------
 
-enum class PositionEncoding { learned, sinusoidal, none };
+/// How a transformer knows positions: added to the embeddings (learned, sinusoidal), as
+/// rotations of each attention's queries and keys (rotary, RoPE), or not at all.
+enum class PositionEncoding { learned, sinusoidal, none, rotary };
 const char* to_string(PositionEncoding p);
-/// "learned" | "sinusoidal" | "none"; throws on anything else.
+/// "learned" | "sinusoidal" | "rotary" | "none"; throws on anything else.
 PositionEncoding position_encoding_from_string(const std::string& s);
 
+/// The model's own settings (vocabulary, depth, embeddings, head) and one block's
+/// options, which every block and the final norm (block.norm) are built from. The shape
+/// (width, heads, context) is the block's: set here, it is set in every part.
 struct TransformerLMOptions {
   TransformerLMOptions(int64_t vocab_size, int64_t context_length, int64_t d_model,
                        int64_t n_heads, int64_t n_layers)
-      : vocab_size_(vocab_size), context_length_(context_length), d_model_(d_model),
-        n_heads_(n_heads), n_layers_(n_layers) {}
+      : vocab_size_(vocab_size), n_layers_(n_layers), block_(d_model, n_heads, context_length) {}
   TORCH_ARG(int64_t, vocab_size);
-  TORCH_ARG(int64_t, context_length);
-  TORCH_ARG(int64_t, d_model);
-  TORCH_ARG(int64_t, n_heads);
   TORCH_ARG(int64_t, n_layers);
-  TORCH_ARG(int64_t, mlp_expansion) = 4;
-  /// Dropout after the embeddings and on every residual branch.
+  TORCH_ARG(TransformerBlockOptions, block);
+
+ public:
+  int64_t context_length() const { return block_.context_length(); }
+  int64_t d_model() const { return block_.d_model(); }
+  int64_t n_heads() const { return block_.n_heads(); }
+  TransformerLMOptions& context_length(int64_t c) { return shape(d_model(), n_heads(), c); }
+  TransformerLMOptions& d_model(int64_t d) { return shape(d, n_heads(), context_length()); }
+  TransformerLMOptions& n_heads(int64_t h) { return shape(d_model(), h, context_length()); }
+  TransformerLMOptions& shape(int64_t d_model, int64_t n_heads, int64_t context_length) {
+    block_.shape(d_model, n_heads, context_length);
+    return *this;
+  }
+
+  /// Dropout after the embeddings. (The residual branches' are the block's:
+  /// block.attention.out_dropout and block.mlp.dropout; the stored option `dropout` sets
+  /// all three.)
   TORCH_ARG(double, dropout) = 0.0;
-  TORCH_ARG(double, attn_dropout) = 0.0;
-  /// Biases in the Linear layers (attention and MLP).
-  TORCH_ARG(bool, bias) = true;
-  /// Biases in the LayerNorms (false: gains only; nanoGPT's bias=False has neither kind).
-  TORCH_ARG(bool, layer_norm_bias) = true;
-  TORCH_ARG(bool, pre_ln) = true;
-  /// The MLP's GELU: tanh approximation (default) or exact (nanoGPT's; see Activation).
-  TORCH_ARG(Activation, activation) = Activation::gelu_tanh;
   /// LM head (no bias) shares its weight with the token embedding: one parameter.
   TORCH_ARG(bool, tie_weights) = true;
   TORCH_ARG(PositionEncoding, positions) = PositionEncoding::learned;
   TORCH_ARG(double, pos_base) = 10000.0;
-  TORCH_ARG(AttentionKernel, attention_kernel) = AttentionKernel::automatic;
   /// Thresholds and backends of the kernel choices (not part of the architecture).
   TORCH_ARG(KernelPolicy, kernel_policy);
 
-  /// Every option above but kernel_policy (see TinyAttentionLMOptions::spec).
+  /// The options as an architecture stores them, under the names they have always had:
+  /// the model's own and its block's parts' (mlp_expansion is block.mlp.expansion; bias
+  /// sets the attention's and the MLP's; see docs/configs.md).
  public:
   static const OptionSpec<TransformerLMOptions>& spec();
 };
@@ -290,6 +299,10 @@ TORCH_MODULE(TransformerLM);
 
 /// The architecture a TransformerLM with these options reports (without building it).
 ModelArchitecture architecture_of(const TransformerLMOptions& options);
+
+/// architecture_of()'s inverse: a "transformer" architecture's options, read and checked
+/// (throws as build_model() does on another kind or a bad option), without building it.
+TransformerLMOptions transformer_options(const ModelArchitecture& architecture);
 
 /// Number of distinct parameter tensors' elements: a tied tensor counts once.
 int64_t count_parameters(const torch::nn::Module& module);

@@ -74,16 +74,17 @@ struct KernelTable {
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n, bool exact);
   /// LayerNorm over `rows` rows of D: y = (x - mean) rstd gain (+ bias), with each row's
   /// mean and rstd = 1 / sqrt(var + eps) written out. With `residual`, x + residual is
-  /// written to h and normalised instead. bias and residual may be null.
+  /// written to h and normalised instead. bias and residual may be null. Without `center`,
+  /// RMSNorm: the mean is taken as 0 (and written so), rstd = 1 / sqrt(mean(x^2) + eps).
   void (*layer_norm_forward)(const float* x, const float* residual, float* h, const float* gain,
                              const float* bias, float* y, float* mean, float* rstd, int64_t rows,
-                             int64_t D, float eps);
+                             int64_t D, float eps, bool center);
   /// Its backward for those rows (x: what was normalised): dx, plus `dresidual` where given
   /// (a gradient that reaches x by another path); adds each row's dy x̂ into dgain (D) and
   /// dy into dbias (D, may be null).
   void (*layer_norm_backward)(const float* x, const float* dy, const float* gain, const float* mean,
                               const float* rstd, const float* dresidual, float* dx, float* dgain,
-                              float* dbias, int64_t rows, int64_t D);
+                              float* dbias, int64_t rows, int64_t D, bool center);
   /// Adam(W) over n parameters held as flat arrays: p *= 1 - decay d[i] (d: 1 where
   /// AdamW decays, 0 elsewhere); m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
   /// p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
