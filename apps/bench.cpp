@@ -57,7 +57,6 @@ Stats time_per_call(const std::function<void()>& fn, int warmup, int reps, int i
   return {t[t.size() / 2], t.front(), t.back(), reps};
 }
 
-/// A rate from a per-call time: value = scale / seconds (so min/max swap).
 using Json = nlohmann::ordered_json;
 
 /// Six significant digits, as the figures are quoted.
@@ -552,6 +551,96 @@ void bench_attention(bool quick) {
   }
 }
 
+// ---- today's architectures against their classic counterparts -------------------------
+
+/// What each of rotary positions, RMSNorm, SwiGLU and grouped-query attention costs against
+/// the piece it replaces, forward and backward at P2's size (B 16, T 128, D 256, H 8), in
+/// alternating rounds: the attention without and with rotation, and with 2 key/value
+/// heads; LayerNorm against RMSNorm; the GELU MLP (4 x 256) against SwiGLU of the same
+/// parameter count (hidden 680); a whole P2 step, GPT-style against LLaMA-style.
+void bench_architectures(bool quick) {
+  const int64_t B = quick ? 2 : 16, T = quick ? 16 : 128, D = 256, H = 8;
+  const auto share = std::make_shared<const nn::KernelPolicy>();
+  auto attention = [&](double rotary_base, int64_t kv_heads) {
+    return nn::MultiHeadSelfAttention(nn::MultiHeadSelfAttentionOptions(D, H, T).rotary_base(rotary_base).n_kv_heads(kv_heads).kernel_policy(share));
+  };
+  auto mlp = [&](nn::Activation a, int64_t hidden) {
+    return nn::FeedForward(nn::FeedForwardOptions(D).activation(a).hidden(hidden).kernel_policy(share));
+  };
+  auto norm = [&](nn::NormKind kind) {
+    return nn::LayerNorm(nn::LayerNormOptions(D).kind(kind).bias(kind == nn::NormKind::layer_norm).kernel_policy(share));
+  };
+  struct Piece {
+    std::string name, classic;  // classic: "" for a classic piece itself
+    std::function<torch::Tensor(const torch::Tensor&)> forward;
+    torch::nn::Module* module;
+  };
+  auto a_plain = attention(0, 0), a_rotary = attention(10000, 0), a_grouped = attention(0, 2);
+  auto m_gelu = mlp(nn::Activation::gelu_tanh, 0), m_swiglu = mlp(nn::Activation::swiglu, 680);
+  auto n_layer = norm(nn::NormKind::layer_norm), n_rms = norm(nn::NormKind::rms_norm);
+  std::vector<Piece> pieces = {
+      {"attention", "", [&](const torch::Tensor& x) { return a_plain(x).output; }, a_plain.ptr().get()},
+      {"attention_rotary", "attention", [&](const torch::Tensor& x) { return a_rotary(x).output; }, a_rotary.ptr().get()},
+      {"attention_gqa2", "attention", [&](const torch::Tensor& x) { return a_grouped(x).output; }, a_grouped.ptr().get()},
+      {"mlp_gelu", "", [&](const torch::Tensor& x) { return m_gelu(x); }, m_gelu.ptr().get()},
+      {"mlp_swiglu", "mlp_gelu", [&](const torch::Tensor& x) { return m_swiglu(x); }, m_swiglu.ptr().get()},
+      {"layer_norm", "", [&](const torch::Tensor& x) { return n_layer(x); }, n_layer.ptr().get()},
+      {"rms_norm", "layer_norm", [&](const torch::Tensor& x) { return n_rms(x); }, n_rms.ptr().get()}};
+  torch::manual_seed(0);
+  auto x = torch::randn({B, T, D}, torch::requires_grad()), upstream = torch::randn({B, T, D});
+  std::map<std::string, double> seconds;
+  const int rounds = quick ? 1 : 3;
+  const Json size = {{"B", B}, {"T", T}, {"D", D}, {"H", H}};
+  for (int round = 0; round < rounds; ++round)
+    for (const auto& p : pieces) {
+      auto s = time_per_call([&] {
+        p.module->zero_grad();
+        p.forward(x).backward(upstream);
+      }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 10);
+      seconds[p.name] += s.median / rounds;
+      if (round == rounds - 1) {
+        s.median = seconds[p.name];
+        emit("arch_" + p.name, "fwd_bwd_per_s", "calls/s", 1.0, s, size);
+      }
+    }
+  for (const auto& p : pieces)
+    if (!p.classic.empty())
+      emit_value("arch_" + p.name + "_vs_" + p.classic, "time_ratio", "x", seconds[p.name] / seconds[p.classic], size);
+
+  // Whole P2 steps (one optimizer step included), GPT-style and LLaMA-style, alternating.
+  RunConfig gpt = p2_config(quick), llama = p2_config(quick);
+  llama.set("positions", "rotary");
+  llama.set("norm", "rms-norm");
+  llama.set("layer-norm-bias", false);
+  llama.set("bias", false);
+  llama.set("activation", "swiglu");
+  llama.set("mlp-hidden", int64_t{quick ? 16 : 680});
+  llama.set("n-kv-heads", int64_t{2});
+  std::map<std::string, double> step;
+  for (int round = 0; round < rounds; ++round)
+    for (auto* c : {&gpt, &llama}) {
+      const std::string name = c == &gpt ? "gpt_style" : "llama_style";
+      auto model = build_model(*c);
+      auto task = make_task(*c);
+      auto opt = train::make_flat_adam(*model, train::AdamConfig{});
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1);
+      auto s = time_per_call([&] {
+        auto batch = task->sample(c->trainer.batch_size(), data::Split::train, gen);
+        opt->zero_grad();
+        model->loss(batch.inputs, batch.targets).backward();
+        opt->step(1e-3);
+      }, quick ? 1 : 2, quick ? 2 : 5, 1);
+      step[name] += s.median / rounds;
+      if (round == rounds - 1) {
+        s.median = step[name];
+        Json config = describe(*c);
+        config["parameters"] = nn::count_parameters(*model);
+        emit("arch_p2_" + name, "steps_per_s", "steps/s", 1.0, s, config);
+      }
+    }
+  emit_value("arch_p2_llama_style_vs_gpt_style", "time_ratio", "x", step["llama_style"] / step["gpt_style"], size);
+}
+
 // ---- data-parallel: P2 in 2 processes x 1 thread vs 1 process ------------------------
 
 /// Steps timed per round of the data-parallel case, after 2 warm-up steps.
@@ -929,9 +1018,9 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "gemm" || item == "dp" || item == "data" || item == "nanogpt",
+                      item == "gemm" || item == "dp" || item == "data" || item == "nanogpt" || item == "arch",
                   "unknown bench case '", item,
-                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt (comma-separated)");
+                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, arch (comma-separated)");
     }
   }
   // P2's utilisation needs the peak: measure it whenever P2 runs.
@@ -949,6 +1038,7 @@ int run_bench(const BenchArgs& a) {
   if (wants("nanogpt")) bench_nanogpt(a.quick);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("attention")) bench_attention(a.quick);
+  if (wants("arch")) bench_architectures(a.quick);
   if (wants("dp")) bench_dp(a.quick);
   if (wants("data")) bench_data(a.quick);
   return 0;

@@ -269,6 +269,21 @@ def pytorch_block(file):
     return render
 
 
+def eval_block(file):
+    """The `tinylm eval --json` lines of a run of several checkpoints, one row each."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        rows = [[f"`{r['checkpoint']}`", r["step"], f"**{r['loss']:.4f}**", f"{r['perplexity']:.2f}",
+                 f"{r['bits_per_byte']:.4f}" if "bits_per_byte" in r else "", f"{100 * r['accuracy']:.2f}%", r["tokens"]]
+                for r in records if "checkpoint" in r]
+        if not rows:
+            raise Missing(f"docs/figures/{file}.jsonl has no evaluation")
+        return (provenance(meta, meta["command"]) + ":\n\n" +
+                table(["checkpoint", "step", "validation loss (nats/token)", "perplexity", "bits per byte", "accuracy",
+                       "tokens scored"], rows))
+    return render
+
+
 def readme_speed_block(ctx):
     meta, _, ratios = pytorch_ratios("pytorch-debian12")
     def r(case):
@@ -300,6 +315,8 @@ BLOCKS = {
     "bench-nanogpt": bench_block("bench-debian12", ["nanogpt"]),
     "bench-data": bench_block("bench-debian12", ["prepare", "data"]),
     "bench-dp": bench_block("bench-dp", ["dp"]),
+    "recipes-fortunes": eval_block("recipes-fortunes"),
+    "bench-arch": bench_block("bench-arch", ["arch"]),
 }
 
 

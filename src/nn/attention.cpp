@@ -4,6 +4,7 @@
 #include <tinylm/log.h>
 #include "nn/fused_attention.h"
 #include "nn/linear.h"
+#include "nn/rotary.h"
 
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -60,21 +61,6 @@ torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, boo
   TORCH_CHECK(false, "sdpa_self_attention: needs LibTorch 2.0 or later, this is ",
               TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR);
 #endif
-}
-
-torch::Tensor rotate_halves(const torch::Tensor& x, int64_t start, double base) {
-  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rotate_halves: expected (B, T, H, Dh) with Dh even, got ",
-              x.sizes());
-  TORCH_CHECK(base > 0 && start >= 0, "rotate_halves: base must be > 0 and start >= 0, got ", base, " and ", start);
-  const int64_t T = x.size(1), half = x.size(3) / 2;
-  // The angles in double, as the reference computes them, then in x's type.
-  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-  auto inv_freq = torch::pow(base, torch::arange(half, f64) * (-2.0 / static_cast<double>(2 * half)));  // (Dh/2)
-  auto angles = torch::arange(start, start + T, f64).unsqueeze(1) * inv_freq.unsqueeze(0);             // (T, Dh/2)
-  auto to_x = x.options().requires_grad(false);
-  auto cos = angles.cos().to(to_x).view({1, T, 1, half}), sin = angles.sin().to(to_x).view({1, T, 1, half});
-  auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
-  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, /*dim=*/3);  // (B, T, H, Dh)
 }
 
 torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads) {
@@ -159,8 +145,8 @@ torch::Tensor MultiHeadSelfAttentionImpl::full_qkv(const torch::Tensor& qkv, int
   auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, T, Hkv, Dh});
   auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, T, Hkv, Dh});
   if (base > 0) {
-    q = rotate_halves(q, start, base);
-    k = rotate_halves(k, start, base);
+    q = rotate_halves(q, start, base, *options.kernel_policy());
+    k = rotate_halves(k, start, base, *options.kernel_policy());
   }
   if (Hkv != H) {  // each key/value head serves H / Hkv query heads, in order
     k = k.repeat_interleave(H / Hkv, /*dim=*/2);
@@ -275,8 +261,8 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
   auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
   if (options.rotary_base() > 0) {  // at their positions Tc .. Tc + Tn - 1
-    q = rotate_halves(q, Tc, options.rotary_base());
-    k = rotate_halves(k, Tc, options.rotary_base());
+    q = rotate_halves(q, Tc, options.rotary_base(), policy);
+    k = rotate_halves(k, Tc, options.rotary_base(), policy);
   }
   q = q.transpose(1, 2);                                       // (B, H, Tn, Dh)
   k = k.transpose(1, 2), v = v.transpose(1, 2);                // (B, Hkv, Tn, Dh)

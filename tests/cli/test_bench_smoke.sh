@@ -37,7 +37,11 @@ need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matm
         ("p1_gemm_blas", "train_steps_per_s"), ("p1_gemm_hand", "train_steps_per_s"),
         ("p1_loops_generic", "train_steps_per_s"), ("p1_step", "us_per_step"),
         ("p1_step_forward", "share"), ("p1_step_backward", "share"),
-        ("p1_step_optimizer", "share"), ("p1_step_other", "share")}
+        ("p1_step_optimizer", "share"), ("p1_step_other", "share"),
+        ("arch_attention_rotary_vs_attention", "time_ratio"), ("arch_attention_gqa2_vs_attention", "time_ratio"),
+        ("arch_mlp_swiglu_vs_mlp_gelu", "time_ratio"), ("arch_rms_norm_vs_layer_norm", "time_ratio"),
+        ("arch_p2_gpt_style", "steps_per_s"), ("arch_p2_llama_style", "steps_per_s"),
+        ("arch_p2_llama_style_vs_gpt_style", "time_ratio")}
 if not skipped:
     need |= {("prepare_bpe", "encode_mb_per_s"), ("prepare_bpe", "tokenizer_training_s")}
 missing = need - seen

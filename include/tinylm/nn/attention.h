@@ -57,10 +57,6 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t n_heads);
 /// (B, H, T, Dh) -> (B, T, H*Dh): the inverse of split_heads.
 torch::Tensor merge_heads(const torch::Tensor& x);
 
-/// Rotary positions: x (B, T, H, Dh) with each head's halves rotated by the angles of
-/// positions start .. start + T - 1 (see MultiHeadSelfAttentionOptions::rotary_base).
-torch::Tensor rotate_halves(const torch::Tensor& x, int64_t start, double base);
-
 /// Self-attention through at::scaled_dot_product_attention: qkv (B, T, 3D) as the fused
 /// projection gives it -> merged heads (B, T, D), with the causal flag and dropout (0 =
 /// none) passed through. Throws where sdpa_available() is false.

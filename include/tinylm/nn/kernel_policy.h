@@ -80,6 +80,9 @@ struct KernelPolicy {
   /// input is float32 on the CPU (else LibTorch's), with a pre-LN block's residual add
   /// in the same pass.
   bool layer_norm_loops = true;
+  /// Rotary positions through tinylm's vectorised loops over the intra-op threads
+  /// wherever the queries and keys are float32 on the CPU (else LibTorch's ops).
+  bool rotary_loops = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
   /// attention would run the fused kernel with its T x T products on the loops.
   bool fuse_whole_model = true;

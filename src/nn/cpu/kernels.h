@@ -85,6 +85,13 @@ struct KernelTable {
   void (*layer_norm_backward)(const float* x, const float* dy, const float* gain, const float* mean,
                               const float* rstd, const float* dresidual, float* dx, float* dgain,
                               float* dbias, int64_t rows, int64_t D, bool center);
+  /// Rotary positions: `groups` groups (one per token) of `heads` rows of 2 x half floats,
+  /// the rows of group g at x + g * group_stride, one after another; each row's halves
+  /// (a, b) become (a cos - b sin, b cos + a sin) with group g's cos and sin (half each,
+  /// at cos + g * half), written to y packed (groups x heads x 2 half). `inverse` rotates
+  /// the other way (sin negated): the backward.
+  void (*rotate_halves)(const float* x, int64_t group_stride, const float* cos, const float* sin, float* y,
+                        int64_t groups, int64_t heads, int64_t half, bool inverse);
   /// Adam(W) over n parameters held as flat arrays: p *= 1 - decay d[i] (d: 1 where
   /// AdamW decays, 0 elsewhere); m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
   /// p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
