@@ -1,5 +1,6 @@
 // src/run.cpp: the model, task, trainer options and Trainer of a run config; a checkpoint's config.
 #include "test_util.h"
+#include "train/checkpoint_files.h"
 
 #include <tinylm/config.h>
 #include <tinylm/data/prepare.h>
@@ -11,12 +12,30 @@
 #include <tinylm/train/trainer.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
+#include <filesystem>
+#include <random>
 #include <string>
 
 using namespace tinylm;
 using tinylm::test::error_message;
+
+namespace {
+
+/// A run config of a transformer of one block, width 16, 2 heads, writing into `dir`.
+RunConfig one_block_config(const std::filesystem::path& dir) {
+  RunConfig c;
+  c.model = "transformer";
+  c.set("d-model", 16);
+  c.set("n-heads", 2);
+  c.set("n-layers", 1);
+  c.trainer.out_dir(dir.string());
+  return c;
+}
+
+}  // namespace
 
 TEST_CASE("make_task builds every task of a config", "[data][tasks]") {
   RunConfig c;
@@ -215,4 +234,127 @@ TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this ti
   ck.recipe = "epochs = \"three\"\n";
   CHECK_THAT(error_message([&] { config_from_checkpoint(ck); }),
              Catch::Contains("stored.ckpt (stored config)") && Catch::Contains("'epochs' must be an integer"));
+}
+
+TEST_CASE("make_trainer's checkpoints store the run config as their recipe, and config_from_checkpoint reads it back",
+          "[run][checkpoint]") {
+  const auto dir = tinylm::test::scratch_dir("run_recipe_roundtrip");
+  RunConfig c = one_block_config(dir);
+  c.trainer.optimizer().lr(1.25e-3);
+  train::Trainer trainer = make_trainer(c);
+  const auto path = (dir / "a.ckpt").string();
+  trainer.save(path);
+  auto ck = train::read_checkpoint(path);
+  CHECK(ck.recipe == to_toml(c));
+  CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
+}
+
+TEST_CASE("the config stored in every earlier format's checkpoint evaluates and resumes it exactly",
+          "[run][checkpoint][compat]") {
+  // The fixtures of tests/train/checkpoint_files.h, run as `tinylm train --resume` and
+  // `tinylm upgrade` run them: from the config read out of the file.
+  const auto f = GENERATE(from_range(tinylm::test::checkpoint_fixtures()));
+  INFO(f.file);
+  auto ck = train::read_checkpoint(tinylm::test::fixture_file(f.file));
+  const RunConfig stored = config_from_checkpoint(ck);
+  // The core's tests build these runs by hand; the recipe says the same.
+  const auto o = trainer_options(stored), by_hand = tinylm::test::fixture_trainer_options(f.file);
+  CHECK(o.optimizer().kind() == by_hand.optimizer().kind());
+  CHECK(o.optimizer().flat() == by_hand.optimizer().flat());
+  CHECK(o.optimizer().lr() == by_hand.optimizer().lr());
+  CHECK(o.optimizer().weight_decay() == by_hand.optimizer().weight_decay());
+  CHECK(o.batch_size() == by_hand.batch_size());
+  CHECK(o.steps_per_epoch() == by_hand.steps_per_epoch());
+  CHECK(o.seed() == by_hand.seed());
+  CHECK(stored.task == "repeat");
+
+  auto model = nn::build_model(ck.architecture);
+  train::load_model_state(ck, *model);
+  auto task = make_task(stored);
+  const auto m = train::evaluate(*model, *task, 5, stored.trainer.batch_size(), 1234, torch::kCPU);
+  CHECK(m.loss == Approx(f.eval_loss).epsilon(1e-6));
+
+  const auto dir = tinylm::test::scratch_dir(std::string("run_fixture_") + f.file);
+  RunConfig c = stored;
+  c.trainer.epochs(4);  // 16 steps: 4 past the checkpoint
+  c.trainer.out_dir(dir.string());
+  train::Trainer trainer = make_trainer(c);
+  trainer.resume(ck);
+  for (double expected : f.next_losses) {
+    const double loss = trainer.train_step();
+    INFO("step " << trainer.step());
+    CHECK(loss == Approx(expected).epsilon(1e-5));
+  }
+  // Saving from here writes today's format, which reads back.
+  trainer.save((dir / "now.ckpt").string());
+  auto again = train::read_checkpoint((dir / "now.ckpt").string());
+  CHECK(again.format_version == train::kCheckpointFormatVersion);
+  CHECK(again.state.step == 16);
+}
+
+TEST_CASE("a checkpoint's stored config read from payload mutants is refused cleanly or whole",
+          "[run][checkpoint][errors][fuzz]") {
+  // tests/train/test_checkpoint.cpp's 400 mutants, taken through the run layer as
+  // `tinylm train --resume` takes them: the stored config read back and its memory
+  // checked, then the model built and loaded and the run resumed. The only acceptable
+  // failure is a c10::Error.
+  const auto dir = tinylm::test::scratch_dir("run_fuzz");
+  RunConfig c = one_block_config(dir);
+  c.set("optimizer", "adamw");
+  c.set("dropout", 0.1);
+  train::Trainer trainer = make_trainer(c);
+  trainer.train_step();
+  trainer.train_step();
+  trainer.save((dir / "good.ckpt").string());
+  const std::string good = tinylm::test::read_file(dir / "good.ckpt");
+  const std::string payload = good.substr(32);
+  const uint64_t index_len = tinylm::test::index_length(payload);
+  REQUIRE(index_len < payload.size());
+
+  std::mt19937_64 rng(20261129);
+  int refused = 0, loaded = 0;
+  for (int i = 0; i < 400; ++i) {
+    const auto file = dir / "mutant.ckpt";
+    tinylm::test::write_file(file, tinylm::test::with_header(good, tinylm::test::payload_mutant(payload, index_len, i, rng)));
+    try {
+      auto ck = train::read_checkpoint(file.string());
+      check_memory(config_from_checkpoint(ck), 1, /*training=*/false);
+      auto model = nn::build_model(ck.architecture);
+      train::load_model_state(ck, *model);
+      train::Trainer resumed = make_trainer(c);
+      resumed.resume(ck);
+      ++loaded;
+    } catch (const c10::Error&) {
+      ++refused;
+    }
+  }
+  INFO("refused " << refused << ", loaded " << loaded);
+  CHECK(refused + loaded == 400);
+  CHECK(refused >= 200);  // most mutants break the index or the sizes
+}
+
+TEST_CASE("make_trainer's run leaves the global seed and thread counts alone, whatever its threads setting",
+          "[run][library]") {
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::manual_seed(123);
+  const auto expected = torch::rand({8});
+  torch::manual_seed(123);
+  {
+    const auto dir = tinylm::test::scratch_dir("run_global");
+    RunConfig c = one_block_config(dir);
+    c.set("dropout", 0.1);  // dropout draws random numbers every step
+    c.trainer.epochs(1);
+    c.trainer.steps_per_epoch(4);
+    c.trainer.log_every(100);
+    c.trainer.eval_batches(1);
+    c.threads = 2;  // the config's setting is the application's to apply, not the Trainer's
+    train::Trainer t = make_trainer(c);
+    t.fit();
+    t.validation_metrics();
+    t.save(c.trainer.out_dir() + "/again.ckpt");
+  }
+  CHECK(torch::equal(torch::rand({8}), expected));
+  CHECK(at::get_num_threads() == 1);
+  at::set_num_threads(threads_before);
 }

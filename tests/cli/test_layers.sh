@@ -2,7 +2,9 @@
 # Layers point down: the core library (nn, data, train, interop, generate, report,
 # threads, internal) never sees the run layer (tinylm/config.h, tinylm/run.h: RunConfig,
 # TOML settings, the flags' names) or the command line (CLI11), and the CMake target
-# `tinylm` compiles none of the run layer's sources (they are `tinylm_run`'s); a source
+# `tinylm` compiles none of the run layer's sources (they are `tinylm_run`'s); the core's
+# tests (tests/nn, tests/data, tests/train, tests/internal) build their fixtures from core
+# types too, never from the run layer (its tests are at the top of tests/); a source
 # file over 400 lines says at its top why it is that long; no header holds a dated
 # measurement (figures live in docs/, so that a new one recompiles nothing).
 # usage: test_layers.sh SOURCE_DIR
@@ -28,6 +30,20 @@ for f in $core; do
   fi
 done
 [ "$n" -gt 40 ] || fail "only $n core files found: the list of core directories is out of date"
+# The core's tests build from the core's types: neither run-layer header, no RunConfig.
+core_tests=$(ls tests/nn/*.cpp tests/nn/*.h tests/data/*.cpp tests/data/*.h tests/train/*.cpp tests/train/*.h \
+                tests/internal/*.cpp tests/internal/*.h 2>/dev/null)
+t=0
+for f in $core_tests; do
+  t=$((t + 1))
+  if grep -nE '#include *[<"]([^">]*/)?tinylm/(config|run)\.h[>"]' "$f"; then
+    fail "$f (a core test) includes the run layer (above): build the run from core types (tests/train/core_runs.h)"
+  fi
+  if grep -nw 'RunConfig' "$f"; then
+    fail "$f (a core test) names RunConfig (above): the run layer's tests are at the top of tests/"
+  fi
+done
+[ "$t" -gt 25 ] || fail "only $t core test files found: the list of core test directories is out of date"
 # The core's umbrella header brings in the core alone.
 grep -nE '#include *<tinylm/(config|run)\.h>' include/tinylm/tinylm.h &&
   fail "include/tinylm/tinylm.h (the core's umbrella) includes the run layer (above)"
@@ -58,5 +74,6 @@ if [ "$failures" -eq 0 ]; then
   echo "ok: no header or .inc file holds a dated figure"
   echo "ok: $long source file(s) over 400 lines, each saying why at its top"
   echo "ok: $n core files include neither tinylm/config.h, tinylm/run.h, tinylm/tinylm.h nor CLI11, and name no RunConfig; the tinylm target compiles no run-layer source"
+  echo "ok: $t core test files (tests/nn, tests/data, tests/train, tests/internal) include neither tinylm/config.h nor tinylm/run.h, and name no RunConfig"
 fi
 exit $((failures > 0))

@@ -1,6 +1,7 @@
 // Runs built from the core's own types, as a C++ program builds them: a model from its
-// architecture, a task kind with its options, TrainerOptions. (RunConfig is the run
-// layer's, tested at the top of tests/; the core's tests do not reach up to it.)
+// architecture, a task kind with its options, TrainerOptions. (The run layer's config is
+// tested at the top of tests/; the core's tests do not reach up to it, and
+// tests/cli/test_layers.sh checks that they do not.)
 #pragma once
 
 #include <tinylm/data/task_kind.h>

@@ -2,10 +2,11 @@
 #include "../test_util.h"
 
 #include "checkpoint_files.h"
+#include "core_runs.h"
 
+#include <tinylm/data/task_kind.h>
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/nn/model.h>
-#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/resources.h>
 #include <tinylm/train/trainer.h>
@@ -24,7 +25,10 @@
 
 using namespace tinylm;
 using namespace tinylm::train;
+using tinylm::test::CoreRun;
 using tinylm::test::error_message;
+using tinylm::test::index_length;
+using tinylm::test::make_core_trainer;
 using tinylm::test::read_file;
 using tinylm::test::scratch_dir;
 using tinylm::test::write_file;
@@ -36,33 +40,35 @@ namespace {
 
 fs::path scratch(const std::string& name) { return tinylm::test::scratch_dir("ckpt_" + name); }
 
-RunConfig small_transformer() {
-  RunConfig c;
-  c.model = "transformer";
-  c.set("d-model", 16);
-  c.set("n-heads", 2);
-  c.set("n-layers", 1);
+/// A transformer of one block, width 16, 2 heads, on the repeat task, written to `dir`.
+/// `dropout` is the stored option's (the embeddings' and both residual branches').
+CoreRun one_block_run(const std::filesystem::path& dir, const std::string& dropout = "0") {
+  CoreRun c;
+  c.model = nn::architecture_of(tinylm::test::with(nn::TransformerLMOptions(64, 12, 16, 2, 1), {{"dropout", dropout}}));
+  c.trainer.out_dir(dir.string());
   return c;
 }
 
 }  // namespace
 
-TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[checkpoint]") {
+TEST_CASE("a checkpoint round-trips recipe, weights, optimizer and state", "[checkpoint]") {
+  // The recipe is the caller's text, stored as given (the run layer's, a run config as
+  // TOML, is read back in tests/test_run.cpp).
   const auto dir = scratch("roundtrip");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
+  CoreRun c = one_block_run(dir);
   c.trainer.optimizer().lr(1.25e-3);
-  Trainer trainer = make_trainer(c);
+  c.trainer.recipe("lr = 1.25e-3\n# and a note\n");
+  Trainer trainer = make_core_trainer(c);
   const auto path = (dir / "a.ckpt").string();
   trainer.save(path);
   auto ck = read_checkpoint(path);
   CHECK(ck.format_version == kCheckpointFormatVersion);
-  CHECK(ck.recipe == to_toml(c));
-  CHECK(to_toml(config_from_checkpoint(ck)) == to_toml(c));
+  CHECK(ck.recipe == c.trainer.recipe());
   CHECK(ck.architecture.kind == "transformer");
   CHECK(ck.architecture.options.at("d_model") == "16");
   CHECK(ck.state.step == 0);
   CHECK(ck.state.data_rng_state.defined());
+  CHECK(ck.optimizer_kind == "flat-adam");
   auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
   auto a = trainer.model()->named_parameters(), b = model->named_parameters();
@@ -75,9 +81,7 @@ TEST_CASE("a checkpoint round-trips config, weights, optimizer and state", "[che
 
 TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpoint][errors]") {
   const auto dir = scratch("bad");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(one_block_run(dir));
   const auto good = dir / "good.ckpt";
   trainer.save(good.string());
   const std::string bytes = read_file(good);
@@ -120,19 +124,14 @@ TEST_CASE("bad checkpoints are refused with the file and the problem", "[checkpo
   }
   SECTION("a model it does not fit") {
     auto ck = read_checkpoint(good.string());
-    RunConfig wider = c;
-    wider.set("d-model", 32);
-    auto model = build_model(wider);
+    auto model = nn::build_model(nn::architecture_of(nn::TransformerLMOptions(64, 12, 32, 2, 1)));  // wider
     CHECK_THAT(error_message([&] { load_model_state(ck, *model); }),
                Catch::Contains("does not fit the model: 'token_embedding.weight' has shape [64, 16] "
                                "in the checkpoint but [64, 32] in the model"));
-    RunConfig deeper = c;
-    deeper.set("n-layers", 2);
-    auto model2 = build_model(deeper);
+    auto model2 = nn::build_model(nn::architecture_of(nn::TransformerLMOptions(64, 12, 16, 2, 2)));  // deeper
     CHECK_THAT(error_message([&] { load_model_state(ck, *model2); }),
                Catch::Contains("does not fit the model: it holds parameter"));
-    RunConfig tiny;  // the reference model: other parameter names entirely
-    auto model3 = build_model(tiny);
+    auto model3 = nn::build_model(tinylm::test::reference_model());  // other parameter names entirely
     CHECK_THAT(error_message([&] { load_model_state(ck, *model3); }),
                Catch::Contains("does not fit the model"));
   }
@@ -164,41 +163,15 @@ TEST_CASE("a checkpoint carries its tokenizer") {
   CHECK_FALSE(train::checkpoint_tokenizer(train::read_checkpoint(without)));
 }
 
-// ---- earlier formats: the fixtures ----------------------------------------------------
-//
-// tests/fixtures holds checkpoints written by earlier tinylm code: format 1 (a LibTorch
-// archive), format 2 (safetensors, the run config as the only model description) and
-// format 3 (the model's architecture stored apart from the run config).
-// Each format has the reference model with the flat Adam, and a one-layer transformer
-// with LibTorch's AdamW and dropout, each after 12 steps of the repeat task. Their
-// evaluation loss (5 batches, seed 1234) and the losses of steps 13-16 after resuming
-// were recorded by the code that wrote them; reading the files today must reproduce
-// them. Every later format adds its own fixtures to this list; none is ever removed.
+// ---- earlier formats: the fixtures (listed in checkpoint_files.h) ----------------------
 
 TEST_CASE("checkpoints of every earlier format still load, evaluate and resume exactly",
           "[checkpoint][compat]") {
-  struct Fixture {
-    const char* file;
-    uint32_t format;
-    double eval_loss;
-    std::array<double, 4> next_losses;
-  };
-  const std::array<double, 4> tiny_next = {4.1598472595214844, 4.0449504852294922,
-                                           4.3370833396911621, 4.0504159927368164};
-  const std::array<double, 4> transformer_next = {3.5225563049316406, 3.5407850742340088,
-                                                  3.5292942523956299, 3.3616440296173096};
-  const Fixture f = GENERATE_COPY(
-      Fixture{"v1-tiny-adam-step12.ckpt", 1, 4.20962868, tiny_next},
-      Fixture{"v1-transformer-adamw-step12.ckpt", 1, 3.54752172, transformer_next},
-      Fixture{"v2-tiny-adam-step12.ckpt", 2, 4.20962861, tiny_next},
-      Fixture{"v2-transformer-adamw-step12.ckpt", 2, 3.54752172, transformer_next},
-      // Format 3: dropout draws from the Trainer's own generator since, so the
-      // transformer's losses differ from the earlier formats' (it starts from the same weights).
-      Fixture{"v3-tiny-adam-step12.ckpt", 3, 4.20962858, tiny_next},
-      Fixture{"v3-transformer-adamw-step12.ckpt", 3, 3.54108720,
-              {3.5186946392059326, 3.5339415073394775, 3.528031349182129, 3.3532612323760986}});
+  // Each run is built as the fixture's recipe describes it, from the core's own types; the
+  // run layer's reading of those recipes is checked in tests/test_run.cpp.
+  const auto f = GENERATE(from_range(tinylm::test::checkpoint_fixtures()));
   INFO(f.file);
-  const std::string path = std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + f.file;
+  const std::string path = tinylm::test::fixture_file(f.file);
   CHECK(checkpoint_format_version(path) == f.format);
   auto ck = read_checkpoint(path);
   CHECK(ck.format_version == f.format);
@@ -206,16 +179,17 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
 
   auto model = nn::build_model(ck.architecture);
   load_model_state(ck, *model);
-  const RunConfig stored = config_from_checkpoint(ck);
-  auto task = make_task(stored);
-  const auto m = evaluate(*model, *task, 5, stored.trainer.batch_size(), 1234, torch::kCPU);
+  CoreRun c;
+  c.model = ck.architecture;
+  c.trainer = tinylm::test::fixture_trainer_options(f.file);
+  auto task = data::make_task(c.task, c.task_options);
+  const auto m = evaluate(*model, *task, 5, c.trainer.batch_size(), 1234, torch::kCPU);
   CHECK(m.loss == Approx(f.eval_loss).epsilon(1e-6));
 
   const auto dir = scratch(std::string("fixture_") + f.file);
-  RunConfig c = stored;
   c.trainer.epochs(4);  // 16 steps: 4 past the checkpoint
   c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(c);
   trainer.resume(ck);
   for (double expected : f.next_losses) {
     const double loss = trainer.train_step();
@@ -232,13 +206,6 @@ TEST_CASE("checkpoints of every earlier format still load, evaluate and resume e
 // ---- untrusted files -------------------------------------------------------------------
 
 namespace {
-
-/// The length of a payload's JSON index (its first 8 bytes, little-endian).
-uint64_t index_length(const std::string& payload) {
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(payload[i])) << (8 * i);
-  return n;
-}
 
 /// `good` with its JSON index rewritten by `edit` (header, lengths and CRC recomputed).
 std::string with_index(const std::string& good, const std::function<void(nlohmann::json&)>& edit) {
@@ -259,9 +226,9 @@ std::string with_index(const std::string& good, const std::function<void(nlohman
 TEST_CASE("a format-2 file's model is read from its recipe with the defaults of its time",
           "[checkpoint][compat]") {
   // Formats 1 and 2 stored only the run config; the core reads the model out of it by
-  // itself (src/train/legacy_recipe.cpp), not through today's RunConfig.
+  // itself (src/train/legacy_recipe.cpp), not through the run layer's config.
   const auto dir = scratch("legacy_recipe");
-  const std::string good = read_file(std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/v2-transformer-adamw-step12.ckpt");
+  const std::string good = read_file(tinylm::test::fixture_file("v2-transformer-adamw-step12.ckpt"));
   auto with_recipe = [&](const char* name, const std::function<std::string(const std::string&)>& edit) {
     write_file(dir / name, with_index(good, [&](nlohmann::json& index) {
                  auto& recipe = index["__metadata__"]["config"];
@@ -269,7 +236,7 @@ TEST_CASE("a format-2 file's model is read from its recipe with the defaults of 
                }));
     return (dir / name).string();
   };
-  const auto original = read_checkpoint(std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/v2-transformer-adamw-step12.ckpt");
+  const auto original = read_checkpoint(tinylm::test::fixture_file("v2-transformer-adamw-step12.ckpt"));
   // Keys that are not the model's, known today or not, change nothing.
   const auto extra = read_checkpoint(with_recipe("extra.ckpt", [](const std::string& r) {
     return r + "\nrotary-base = 500000\nretired-option = true\n";
@@ -287,9 +254,7 @@ TEST_CASE("a format-2 file's model is read from its recipe with the defaults of 
 TEST_CASE("a damaged architecture or metadata is refused before any model is built",
           "[checkpoint][errors]") {
   const auto dir = scratch("damaged_architecture");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(one_block_run(dir));
   trainer.save((dir / "good.ckpt").string());
   const std::string good = read_file(dir / "good.ckpt");
   auto refused = [&](const char* name, const std::function<void(nlohmann::json&)>& edit) {
@@ -335,11 +300,10 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   // A later version may add metadata, training-state fields, tensors and model options:
   // each is skipped with a warning, and the rest loads, evaluates and resumes.
   const auto dir = scratch("future");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
+  CoreRun c = one_block_run(dir);
   c.trainer.epochs(1);
   c.trainer.steps_per_epoch(4);
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(c);
   trainer.train_step();
   trainer.save((dir / "now.ckpt").string());
   const std::string good = read_file(dir / "now.ckpt");
@@ -370,7 +334,7 @@ TEST_CASE("a checkpoint from a later tinylm with keys this one does not know sti
   CHECK(ck.architecture.options.count("rotary_base") == 1);
   auto rebuilt_model = nn::build_model(ck.architecture);
   load_model_state(ck, *rebuilt_model);
-  Trainer resumed = make_trainer(c);
+  Trainer resumed = make_core_trainer(c);
   resumed.resume(ck);
   CHECK(std::isfinite(resumed.train_step()));
   CHECK(resumed.step() == 2);
@@ -380,14 +344,14 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
           "[checkpoint][errors][fuzz]") {
   // 400 mutants of a real checkpoint: bit flips, byte overwrites, truncations and
   // insertions, half of them aimed at the JSON index. Each is read, checked for fit and
-  // resumed as `tinylm train --resume` would; the only acceptable failure is a c10::Error
-  // (any other exception, a crash or a sanitizer report fails the suite).
+  // resumed; the only acceptable failure is a c10::Error (any other exception, a crash or
+  // a sanitizer report fails the suite). The run layer's part of `tinylm train --resume`
+  // (the stored config read back, its memory checked) meets the same mutants in
+  // tests/test_run.cpp.
   const auto dir = scratch("fuzz");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
-  c.set("optimizer", "adamw");
-  c.set("dropout", 0.1);
-  Trainer trainer = make_trainer(c);
+  CoreRun c = one_block_run(dir, "0.1");
+  c.trainer.optimizer().kind(OptimizerKind::adamw);
+  Trainer trainer = make_core_trainer(c);
   trainer.train_step();
   trainer.train_step();
   trainer.save((dir / "good.ckpt").string());
@@ -397,28 +361,15 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
   REQUIRE(index_len < payload.size());
 
   std::mt19937_64 rng(20261129);
-  auto pick = [&](uint64_t n) { return static_cast<size_t>(rng() % n); };
   int refused = 0, loaded = 0;
   for (int i = 0; i < 400; ++i) {
-    std::string p = payload;
-    const bool aim_at_index = i % 2 == 0;
-    const size_t span = aim_at_index ? 8 + index_len : p.size();
-    switch (i % 5) {
-      case 0: p[pick(span)] ^= static_cast<char>(1 << pick(8)); break;
-      case 1: p[pick(span)] = static_cast<char>(rng()); break;
-      case 2: p.resize(pick(p.size())); break;
-      case 3: p.insert(pick(span), std::string(1 + pick(8), static_cast<char>(rng()))); break;
-      default:
-        for (int k = 0; k < 4; ++k) p[pick(span)] = "{}[]\",:0-9e"[pick(11)];
-    }
     const auto file = dir / "mutant.ckpt";
-    write_file(file, with_header(good, p));
+    write_file(file, with_header(good, tinylm::test::payload_mutant(payload, index_len, i, rng)));
     try {
       auto ck = read_checkpoint(file.string());
-      check_memory(config_from_checkpoint(ck), 1, /*training=*/false);
       auto model = nn::build_model(ck.architecture);
       load_model_state(ck, *model);
-      Trainer resumed = make_trainer(c);
+      Trainer resumed = make_core_trainer(c);
       resumed.resume(ck);
       ++loaded;
     } catch (const c10::Error&) {
@@ -432,9 +383,7 @@ TEST_CASE("payload mutants with a valid checksum are refused cleanly or load who
 
 TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[checkpoint][errors]") {
   const auto dir = scratch("nonfinite");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(one_block_run(dir));
   trainer.train_step();
   {
     torch::NoGradGuard no_grad;
@@ -449,9 +398,7 @@ TEST_CASE("non-finite weights or optimizer state are never checkpointed", "[chec
 
 TEST_CASE("a checkpoint holding NaN weights is refused when loaded", "[checkpoint][errors]") {
   const auto dir = scratch("nanload");
-  RunConfig c = small_transformer();
-  c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = make_core_trainer(one_block_run(dir));
   trainer.save((dir / "good.ckpt").string());
   auto ck = read_checkpoint((dir / "good.ckpt").string());
   ck.model["ln_f.bias"][0] = std::numeric_limits<float>::infinity();

@@ -3,11 +3,11 @@
 // upgraded to them; damaged archives refused with one line.
 #include "../test_util.h"
 #include "checkpoint_files.h"
+#include "core_runs.h"
 
 #include "internal/crc32.h"
 
 #include <tinylm/nn/model.h>
-#include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
@@ -25,13 +25,12 @@
 using namespace tinylm;
 using namespace tinylm::train;
 using tinylm::test::error_message;
+using tinylm::test::fixture_file;
 using tinylm::test::read_file;
 using tinylm::test::with_header;
 using tinylm::test::write_file;
 
 namespace {
-
-std::string fixture(const std::string& name) { return std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + name; }
 
 /// LibTorch's own reading of a format-1 file: the oracle, for tinylm's own fixtures only.
 torch::serialize::InputArchive libtorch_read(const std::string& file) {
@@ -100,8 +99,8 @@ TEST_CASE("format-1 files read to LibTorch's own tensors, bit for bit, and upgra
           "[checkpoint][compat]") {
   const std::string file = GENERATE(as<std::string>{}, "v1-tiny-adam-step12.ckpt", "v1-transformer-adamw-step12.ckpt");
   INFO(file);
-  const auto ck = read_checkpoint(fixture(file));
-  auto archive = libtorch_read(fixture(file));
+  const auto ck = read_checkpoint(fixture_file(file));
+  auto archive = libtorch_read(fixture_file(file));
 
   CHECK(ck.recipe == value_of(archive, "config").toStringRef());
   CHECK(ck.state.step == value_of(archive, "step").toInt());
@@ -148,11 +147,15 @@ TEST_CASE("format-1 files read to LibTorch's own tensors, bit for bit, and upgra
     CHECK(compared == 2 * static_cast<int64_t>(ck.parameter_names.size()));
   }
 
-  // What `tinylm upgrade` does; the new file holds the same bits.
+  // What `tinylm upgrade` does (there through the run layer, whose reading of the stored
+  // recipe tests/test_run.cpp checks): the run the recipe describes, resumed and saved.
+  // The new file holds the same bits.
   const auto dir = tinylm::test::scratch_dir("legacy_upgrade_" + file);
-  RunConfig c = config_from_checkpoint(ck);
+  tinylm::test::CoreRun c;
+  c.model = ck.architecture;
+  c.trainer = tinylm::test::fixture_trainer_options(file);
   c.trainer.out_dir(dir.string());
-  Trainer trainer = make_trainer(c);
+  Trainer trainer = tinylm::test::make_core_trainer(c);
   trainer.resume(ck);
   trainer.save((dir / "up.ckpt").string());
   const auto up = read_checkpoint((dir / "up.ckpt").string());
@@ -179,7 +182,7 @@ TEST_CASE("format-1 files read to LibTorch's own tensors, bit for bit, and upgra
 }
 
 TEST_CASE("damaged format-1 archives are refused with one line naming the damage", "[checkpoint][errors]") {
-  const std::string good = read_file(fixture("v1-tiny-adam-step12.ckpt"));
+  const std::string good = read_file(fixture_file("v1-tiny-adam-step12.ckpt"));
   const auto dir = tinylm::test::scratch_dir("legacy_damaged");
   auto refused = [&](const std::string& name, const std::string& bytes) {
     write_file(dir / name, bytes);
@@ -225,7 +228,7 @@ TEST_CASE("damaged format-1 archives are refused with one line naming the damage
 
 TEST_CASE("format-1 pickle mutants with valid checksums are refused cleanly or read whole",
           "[checkpoint][errors]") {
-  const std::string good = read_file(fixture("v1-transformer-adamw-step12.ckpt"));
+  const std::string good = read_file(fixture_file("v1-transformer-adamw-step12.ckpt"));
   const auto dir = tinylm::test::scratch_dir("legacy_mutants");
   std::mt19937_64 rng(20261203);
   int refused = 0, read = 0;

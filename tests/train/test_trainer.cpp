@@ -1,7 +1,8 @@
 // src/train/trainer.cpp: training, resuming, schedules, and a Trainer of a user's parts.
 #include "../test_util.h"
+#include "core_runs.h"
 
-#include <tinylm/run.h>
+#include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
 #include <tinylm/train/trainer.h>
 
@@ -16,14 +17,17 @@
 using namespace tinylm;
 using namespace tinylm::train;
 using tinylm::test::BigramImpl;
+using tinylm::test::CoreRun;
 using tinylm::test::error_message;
+using tinylm::test::make_core_trainer;
 
 namespace fs = std::filesystem;
 
 namespace {
 
-RunConfig quiet(const std::string& name) {
-  RunConfig c;
+/// The reference run, logging nothing, in its own (emptied) directory.
+CoreRun quiet(const std::string& name) {
+  CoreRun c;
   c.trainer.out_dir((fs::temp_directory_path() / ("tinylm_trainer_test_" + name)).string());
   fs::remove_all(c.trainer.out_dir());
   c.trainer.log_every(1000);
@@ -31,13 +35,16 @@ RunConfig quiet(const std::string& name) {
   return c;
 }
 
-RunConfig small_dropout_run(const std::string& name) {
-  RunConfig c;
-  c.model = "transformer";
-  c.set("d-model", 16);
-  c.set("n-heads", 2);
-  c.set("n-layers", 1);
-  c.set("dropout", 0.1);  // dropout draws random numbers every step
+/// The small transformer (two blocks of width 32) with dropout 0.1 in its embeddings and
+/// residual branches: dropout draws from the seeded generator too.
+nn::ModelArchitecture dropout_transformer() {
+  return nn::architecture_of(tinylm::test::with(nn::TransformerLMOptions(64, 12, 32, 4, 2), {{"dropout", "0.1"}}));
+}
+
+CoreRun small_dropout_run(const std::string& name) {
+  CoreRun c;
+  // One block of width 16; dropout draws random numbers every step.
+  c.model = nn::architecture_of(tinylm::test::with(nn::TransformerLMOptions(64, 12, 16, 2, 1), {{"dropout", "0.1"}}));
   c.trainer.epochs(1);
   c.trainer.steps_per_epoch(4);
   c.trainer.log_every(100);
@@ -49,8 +56,8 @@ RunConfig small_dropout_run(const std::string& name) {
 }  // namespace
 
 TEST_CASE("the reference run trains the repeat task to < 0.01 and 100% accuracy", "[train][slow]") {
-  RunConfig c = quiet("reference");
-  Trainer trainer = make_trainer(c);
+  CoreRun c = quiet("reference");
+  Trainer trainer = make_core_trainer(c);
   auto r = trainer.fit();
   REQUIRE(r.epoch_losses.size() == 3);
   INFO("epoch means " << r.epoch_losses[0] << " " << r.epoch_losses[1] << " " << r.epoch_losses[2]);
@@ -63,47 +70,45 @@ TEST_CASE("the reference run trains the repeat task to < 0.01 and 100% accuracy"
 }
 
 TEST_CASE("the same config and seed give the same losses", "[train][reproducible]") {
-  RunConfig c = quiet("repro");
-  c.model = "transformer";
-  c.set("dropout", 0.1);  // dropout draws from the seeded generator too
+  CoreRun c = quiet("repro");
+  c.model = dropout_transformer();
   c.trainer.epochs(1);
   c.trainer.steps_per_epoch(15);
-  auto a = make_trainer(c).fit().losses;
+  auto a = make_core_trainer(c).fit().losses;
   c.trainer.out_dir(quiet("repro_b").trainer.out_dir());  // a run directory holds one run
-  auto b = make_trainer(c).fit().losses;
+  auto b = make_core_trainer(c).fit().losses;
   CHECK(a == b);
   c.trainer.seed(43);
   c.trainer.out_dir(quiet("repro_c").trainer.out_dir());
-  CHECK(make_trainer(c).fit().losses != a);
+  CHECK(make_core_trainer(c).fit().losses != a);
 }
 
 TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
-  RunConfig c = quiet("resume");
-  c.model = "transformer";
-  c.set("optimizer", "adamw");
+  CoreRun c = quiet("resume");
+  c.model = dropout_transformer();
+  c.trainer.optimizer().kind(OptimizerKind::adamw);
   c.trainer.optimizer().weight_decay(0.1);
-  c.set("dropout", 0.1);
-  c.set("lr-schedule", "cosine");
+  c.trainer.schedule().kind(LRSchedule::cosine);
   c.trainer.schedule().warmup_steps(4);
   c.trainer.grad_clip(1.0);
   c.trainer.epochs(2);
   c.trainer.steps_per_epoch(10);
   c.trainer.save_every(7);
-  const auto full = make_trainer(c).fit();
+  const auto full = make_core_trainer(c).fit();
 
   std::atomic<bool> stop{false};
   // Stop after step 7 has been checkpointed: the stop flag is read between steps.
-  RunConfig c7 = c;
+  CoreRun c7 = c;
   c7.trainer.log_every(7);
   c7.trainer.out_dir() += "_part";  // its own directory: the full run's checkpoints are elsewhere
   fs::remove_all(c7.trainer.out_dir());
-  Trainer part = make_trainer(c7);
+  Trainer part = make_core_trainer(c7);
   part.on_progress = [&](const StepRecord& rec) { if (rec.step == 7) stop = true; };
   auto r1 = part.fit(&stop);
   REQUIRE(r1.interrupted);
   REQUIRE(r1.end_step == 7);
 
-  Trainer resumed = make_trainer(c7);
+  Trainer resumed = make_core_trainer(c7);
   resumed.resume(read_checkpoint(resolve_checkpoint_path(c7.trainer.out_dir())));
   auto r2 = resumed.fit();
   REQUIRE(r2.start_step == 7);
@@ -116,32 +121,32 @@ TEST_CASE("resume continues exactly where a run stopped", "[train][resume]") {
 }
 
 TEST_CASE("learning rate: linear warmup then cosine to the floor", "[train][schedule]") {
-  RunConfig c;
-  c.trainer.optimizer().lr(1.0);
-  c.trainer.schedule().warmup_steps(10);
-  c.trainer.epochs(1);
-  c.trainer.steps_per_epoch(110);
-  c.set("lr-schedule", "cosine");
-  c.trainer.schedule().min_lr_ratio(0.1);
-  CHECK(learning_rate_at(trainer_options(c), 0) == Approx(0.1));
-  CHECK(learning_rate_at(trainer_options(c), 9) == Approx(1.0));
-  CHECK(learning_rate_at(trainer_options(c), 10) == Approx(1.0));
-  CHECK(learning_rate_at(trainer_options(c), 60) == Approx(0.55));
-  CHECK(learning_rate_at(trainer_options(c), 110) == Approx(0.1));
-  c.set("lr-schedule", "constant");
-  CHECK(learning_rate_at(trainer_options(c), 60) == 1.0);
+  TrainerOptions o;
+  o.optimizer().lr(1.0);
+  o.schedule().warmup_steps(10);
+  o.epochs(1);
+  o.steps_per_epoch(110);
+  o.schedule().kind(LRSchedule::cosine);
+  o.schedule().min_lr_ratio(0.1);
+  CHECK(learning_rate_at(o, 0) == Approx(0.1));
+  CHECK(learning_rate_at(o, 9) == Approx(1.0));
+  CHECK(learning_rate_at(o, 10) == Approx(1.0));
+  CHECK(learning_rate_at(o, 60) == Approx(0.55));
+  CHECK(learning_rate_at(o, 110) == Approx(0.1));
+  o.schedule().kind(LRSchedule::constant);
+  CHECK(learning_rate_at(o, 60) == 1.0);
 }
 
 TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accum]") {
   // The data generator yields the same 16 rows either way, so the two runs see the
   // same data and must follow the same trajectory up to float rounding.
   auto run = [](int64_t batch, int64_t accum, const std::string& name) {
-    RunConfig c = quiet(name);
+    CoreRun c = quiet(name);
     c.trainer.epochs(1);
     c.trainer.steps_per_epoch(10);
     c.trainer.batch_size(batch);
     c.trainer.grad_accum(accum);
-    return make_trainer(c).fit().losses;
+    return make_core_trainer(c).fit().losses;
   };
   auto one = run(16, 1, "accum1"), two = run(8, 2, "accum2");
   REQUIRE(one.size() == two.size());
@@ -154,12 +159,12 @@ TEST_CASE("gradient accumulation of 2 x 8 equals one batch of 16", "[train][accu
 
 TEST_CASE("a NaN loss stops training with a clear error and keeps the last checkpoint",
           "[train][errors]") {
-  RunConfig c = quiet("nan");
+  CoreRun c = quiet("nan");
   c.trainer.epochs(1);
   c.trainer.steps_per_epoch(20);
   c.trainer.save_every(5);
   c.trainer.log_every(6);
-  Trainer t = make_trainer(c);
+  Trainer t = make_core_trainer(c);
   // After step 6 (step 5 is checkpointed), poison a weight: step 7's loss is NaN.
   t.on_progress = [&](const StepRecord& rec) {
     if (rec.step == 6) {
@@ -179,25 +184,25 @@ TEST_CASE("a NaN loss stops training with a clear error and keeps the last check
 }
 
 TEST_CASE("a solved task stops early when asked", "[train][solve]") {
-  RunConfig c = quiet("solve");
+  CoreRun c = quiet("solve");
   c.trainer.epochs(20);
   c.trainer.eval_every(20);
   c.trainer.stop_when_solved(true);
   c.trainer.solve_loss(0.05);
-  auto r = make_trainer(c).fit();
+  auto r = make_core_trainer(c).fit();
   CHECK(r.solved);
-  CHECK(r.end_step < c.total_steps());
+  CHECK(r.end_step < c.trainer.total_steps());
   CHECK(r.last_eval.accuracy == 1.0);
   CHECK(r.last_eval.scored_loss < 0.05);
 }
 
 TEST_CASE("keep-last prunes old step checkpoints", "[train][checkpoint]") {
-  RunConfig c = quiet("prune");
+  CoreRun c = quiet("prune");
   c.trainer.epochs(1);
   c.trainer.steps_per_epoch(10);
   c.trainer.save_every(2);
   c.trainer.keep_last(2);
-  make_trainer(c).fit();
+  make_core_trainer(c).fit();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(c.trainer.out_dir())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
@@ -218,6 +223,8 @@ TEST_CASE("devices: auto and cpu resolve, bad specs are refused", "[train][devic
 
 TEST_CASE("building and using a Trainer leaves the global seed and thread counts alone",
           "[train][library]") {
+  // (make_trainer, and a run config's threads setting, are checked likewise in
+  // tests/test_run.cpp.)
   const int threads_before = at::get_num_threads();
   at::set_num_threads(1);
   // What the user's generator gives after seeding 123, with no Trainer in between.
@@ -225,9 +232,8 @@ TEST_CASE("building and using a Trainer leaves the global seed and thread counts
   const auto expected = torch::rand({8});
   torch::manual_seed(123);
   {
-    RunConfig c = small_dropout_run("global");
-    c.threads = 2;  // the config's setting is the application's to apply, not the Trainer's
-    Trainer t = make_trainer(c);
+    CoreRun c = small_dropout_run("global");
+    Trainer t = make_core_trainer(c);
     t.fit();
     t.validation_metrics();
     t.save(c.trainer.out_dir() + "/again.ckpt");
@@ -241,7 +247,7 @@ TEST_CASE("a Trainer's randomness is its own: the global seed does not change it
           "[train][library][reproducible]") {
   auto losses_after_seeding = [](uint64_t global_seed) {
     torch::manual_seed(global_seed);
-    Trainer t = make_trainer(small_dropout_run("own_" + std::to_string(global_seed)));
+    Trainer t = make_core_trainer(small_dropout_run("own_" + std::to_string(global_seed)));
     std::vector<double> out;
     for (int i = 0; i < 3; ++i) out.push_back(t.train_step());
     return out;
