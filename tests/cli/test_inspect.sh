@@ -147,6 +147,27 @@ for bad in v1-short-storage:"reaching past its storage '2'" v1-opcode:"uses opco
   else echo "ok   upgrade $file: nothing written: $out"; fi
 done
 
+# Today's architectures through the whole command line: trained, checkpointed, inspected
+# (options and parameter shapes), evaluated, sampled with the KV cache, refused by export.
+"$tinylm" train --model transformer --positions rotary --norm rms-norm --no-layer-norm-bias --no-bias \
+  --activation swiglu --mlp-hidden 40 --n-kv-heads 2 --d-model 32 --n-heads 4 --n-layers 2 --task copy \
+  --epochs 1 --steps-per-epoch 20 --out-dir llama > llama.txt 2>&1 || fail "llama-style train: $(tail -2 llama.txt)"
+"$tinylm" inspect llama/best.ckpt --verify > llama-inspect.txt 2>&1 || fail "llama-style inspect: $(tail -2 llama-inspect.txt)"
+for want in "activation=swiglu" "n_kv_heads=2" "norm=rms-norm" "positions=rotary" "mlp_hidden=40" ": ok"; do
+  grep -qF -- "$want" llama-inspect.txt || fail "llama-style inspect: no '$want'"
+done
+# q (32) and two key/value heads of 8 for keys and values; SwiGLU's gate and up (2 x 40).
+for want in 'blocks\.0\.attn\.qkv_proj\.weight +\[64, 32\]' 'blocks\.1\.mlp\.fc\.weight +\[80, 32\]'; do
+  grep -qE -- "$want" llama-inspect.txt || fail "llama-style inspect: no '$want'"
+done
+"$tinylm" eval llama/best.ckpt --batches 2 > llama-eval.txt 2>&1 || fail "llama-style eval: $(tail -2 llama-eval.txt)"
+"$tinylm" sample llama/best.ckpt --prompt "1 2 3" --max-new-tokens 20 > llama-sample.txt 2>&1 ||
+  fail "llama-style sample: $(tail -2 llama-sample.txt)"
+out=$("$tinylm" export llama/best.ckpt --out llama.pt 2>&1) && fail "llama-style export exited 0"
+grep -qF "its attention shares key/value heads" <<<"$out" || fail "llama-style export: $out"
+[ -e llama.pt ] && fail "llama-style export wrote llama.pt"
+echo "ok   a rotary, RMSNorm, SwiGLU, grouped-query model trains, inspects, evaluates, samples; export refuses it"
+
 refused "missing" "missing.ckpt" missing.ckpt
 refused "not a regular file" "/dev/null" /dev/null
 
