@@ -307,40 +307,19 @@ TEST_CASE("a checkpoint's stored config read from payload mutants is refused cle
   trainer.train_step();
   trainer.save((dir / "good.ckpt").string());
   const std::string good = tinylm::test::read_file(dir / "good.ckpt");
-  const std::string payload = good.substr(32);
-  const uint64_t index_len = tinylm::test::index_length(payload);
-  REQUIRE(index_len < payload.size());
-
-  std::mt19937_64 rng(20261129);
-  int refused = 0, loaded = 0;
-  for (int i = 0; i < 400; ++i) {
-    const auto file = dir / "mutant.ckpt";
-    tinylm::test::write_file(file, tinylm::test::with_header(good, tinylm::test::payload_mutant(payload, index_len, i, rng)));
-    try {
-      auto ck = train::read_checkpoint(file.string());
-      check_memory(config_from_checkpoint(ck), 1, /*training=*/false);
-      auto model = nn::build_model(ck.architecture);
-      train::load_model_state(ck, *model);
-      train::Trainer resumed = make_trainer(c);
-      resumed.resume(ck);
-      ++loaded;
-    } catch (const c10::Error&) {
-      ++refused;
-    }
-  }
-  INFO("refused " << refused << ", loaded " << loaded);
-  CHECK(refused + loaded == 400);
-  CHECK(refused >= 200);  // most mutants break the index or the sizes
+  tinylm::test::check_payload_mutants(dir, good, [&](const std::string& file) {
+    auto ck = train::read_checkpoint(file);
+    check_memory(config_from_checkpoint(ck), 1, /*training=*/false);
+    auto model = nn::build_model(ck.architecture);
+    train::load_model_state(ck, *model);
+    train::Trainer resumed = make_trainer(c);
+    resumed.resume(ck);
+  });
 }
 
 TEST_CASE("make_trainer's run leaves the global seed and thread counts alone, whatever its threads setting",
           "[run][library]") {
-  const int threads_before = at::get_num_threads();
-  at::set_num_threads(1);
-  torch::manual_seed(123);
-  const auto expected = torch::rand({8});
-  torch::manual_seed(123);
-  {
+  tinylm::test::check_leaves_global_state([] {
     const auto dir = tinylm::test::scratch_dir("run_global");
     RunConfig c = one_block_config(dir);
     c.set("dropout", 0.1);  // dropout draws random numbers every step
@@ -353,8 +332,5 @@ TEST_CASE("make_trainer's run leaves the global seed and thread counts alone, wh
     t.fit();
     t.validation_metrics();
     t.save(c.trainer.out_dir() + "/again.ckpt");
-  }
-  CHECK(torch::equal(torch::rand({8}), expected));
-  CHECK(at::get_num_threads() == 1);
-  at::set_num_threads(threads_before);
+  });
 }

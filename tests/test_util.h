@@ -41,6 +41,21 @@ inline nn::TransformerLMOptions with(nn::TransformerLMOptions o, const std::map<
   return o;
 }
 
+/// Runs `f` with LibTorch's global generator seeded and one intra-op thread, and checks
+/// that it leaves both alone: the generator then gives what it would have without `f`.
+template <typename F>
+void check_leaves_global_state(F&& f) {
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::manual_seed(123);
+  const auto expected = torch::rand({8});
+  torch::manual_seed(123);
+  f();
+  CHECK(torch::equal(torch::rand({8}), expected));
+  CHECK(at::get_num_threads() == 1);
+  at::set_num_threads(threads_before);
+}
+
 /// An empty scratch directory for one test: $TMPDIR/tinylm_test_<name>, emptied first.
 /// ctest runs test files in parallel: every test gives its own name.
 inline std::filesystem::path scratch_dir(const std::string& name) {

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -33,6 +34,21 @@ torch::Tensor attention_weights(const torch::Tensor& q, const torch::Tensor& k,
     scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   }
   return torch::softmax(scores, /*dim=*/-1);
+}
+
+/// The projection's output (B, T, H Dh + 2 Hkv Dh) as views: q (B, T, H, Dh), k and v
+/// (B, T, Hkv, Dh); rotated for positions start .. start + T - 1 where rotary_base > 0.
+std::array<torch::Tensor, 3> heads_of(const torch::Tensor& qkv, int64_t H, int64_t Hkv, int64_t Dh, int64_t start,
+                                      double rotary_base, const KernelPolicy& policy) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = H * Dh;
+  auto q = qkv.narrow(2, 0, D).reshape({B, T, H, Dh});
+  auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, T, Hkv, Dh});
+  auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, T, Hkv, Dh});
+  if (rotary_base > 0) {
+    q = rotate_halves(q, start, rotary_base, policy);
+    k = rotate_halves(k, start, rotary_base, policy);
+  }
+  return {q, k, v};
 }
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -141,13 +157,7 @@ torch::Tensor MultiHeadSelfAttentionImpl::full_qkv(const torch::Tensor& qkv, int
   const double base = options.rotary_base();
   if (Hkv == H && base == 0) return qkv;  // already [q | k | v] of H heads each
   const int64_t B = qkv.size(0), T = qkv.size(1);
-  auto q = qkv.narrow(2, 0, D).reshape({B, T, H, Dh});
-  auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, T, Hkv, Dh});
-  auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, T, Hkv, Dh});
-  if (base > 0) {
-    q = rotate_halves(q, start, base, *options.kernel_policy());
-    k = rotate_halves(k, start, base, *options.kernel_policy());
-  }
+  auto [q, k, v] = heads_of(qkv, H, Hkv, Dh, start, base, *options.kernel_policy());
   if (Hkv != H) {  // each key/value head serves H / Hkv query heads, in order
     k = k.repeat_interleave(H / Hkv, /*dim=*/2);
     v = v.repeat_interleave(H / Hkv, /*dim=*/2);
@@ -255,15 +265,10 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   TORCH_CHECK(Tc + Tn <= options.context_length(), "MultiHeadSelfAttention: cached length ",
               Tc, " + new tokens ", Tn, " exceeds context_length ", options.context_length());
   const KernelPolicy& policy = *options.kernel_policy();
-  const int64_t B = x.size(0), Hkv = n_kv_heads(), Dh = d_head();
-  auto qkv = linear(x, qkv_proj->weight, qkv_proj->bias, policy);  // (B, Tn, D + 2 Hkv Dh)
-  auto q = qkv.narrow(2, 0, D).reshape({B, Tn, H, Dh});
-  auto k = qkv.narrow(2, D, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
-  auto v = qkv.narrow(2, D + Hkv * Dh, Hkv * Dh).reshape({B, Tn, Hkv, Dh});
-  if (options.rotary_base() > 0) {  // at their positions Tc .. Tc + Tn - 1
-    q = rotate_halves(q, Tc, options.rotary_base(), policy);
-    k = rotate_halves(k, Tc, options.rotary_base(), policy);
-  }
+  const int64_t Hkv = n_kv_heads(), Dh = d_head();
+  // (B, Tn, D + 2 Hkv Dh) -> heads, rotated at their positions Tc .. Tc + Tn - 1
+  auto [q, k, v] = heads_of(linear(x, qkv_proj->weight, qkv_proj->bias, policy), H, Hkv, Dh, Tc,
+                            options.rotary_base(), policy);
   q = q.transpose(1, 2);                                       // (B, H, Tn, Dh)
   k = k.transpose(1, 2), v = v.transpose(1, 2);                // (B, Hkv, Tn, Dh)
   keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;            // (B, Hkv, Tc + Tn, Dh)

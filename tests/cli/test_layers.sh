@@ -19,30 +19,28 @@ core=$(ls src/nn/*.cpp src/nn/*.h src/nn/cpu/*.cpp src/nn/cpu/*.h src/data/*.cpp
           include/tinylm/nn/*.h include/tinylm/data/*.h include/tinylm/train/*.h include/tinylm/generate.h \
           include/tinylm/interop.h include/tinylm/report.h include/tinylm/threads.h include/tinylm/log.h \
           include/tinylm/version.h include/tinylm/spec.h src/spec.cpp 2>/dev/null)
-n=0
-for f in $core; do
-  n=$((n + 1))
-  if grep -nE '#include *[<"](tinylm/(config|run|tinylm)\.h|CLI/)' "$f"; then
-    fail "$f (core) includes the run layer or the command line (above)"
-  fi
-  if grep -nw 'RunConfig' "$f"; then
-    fail "$f (core) names RunConfig (above)"
-  fi
-done
+# no_run_layer WHAT PATTERN ADVICE FILE...: no file includes what PATTERN matches or
+# names RunConfig; sets `checked` to the number of files looked at.
+no_run_layer() {
+  local what=$1 pattern=$2 advice=$3 f
+  shift 3
+  checked=0
+  for f in "$@"; do
+    checked=$((checked + 1))
+    grep -nE "$pattern" "$f" && fail "$f ($what) includes the run layer or the command line (above)$advice"
+    grep -nw 'RunConfig' "$f" && fail "$f ($what) names RunConfig (above)$advice"
+  done
+}
+no_run_layer core '#include *[<"](tinylm/(config|run|tinylm)\.h|CLI/)' "" $core
+n=$checked
 [ "$n" -gt 40 ] || fail "only $n core files found: the list of core directories is out of date"
 # The core's tests build from the core's types: neither run-layer header, no RunConfig.
 core_tests=$(ls tests/nn/*.cpp tests/nn/*.h tests/data/*.cpp tests/data/*.h tests/train/*.cpp tests/train/*.h \
                 tests/internal/*.cpp tests/internal/*.h 2>/dev/null)
-t=0
-for f in $core_tests; do
-  t=$((t + 1))
-  if grep -nE '#include *[<"]([^">]*/)?tinylm/(config|run)\.h[>"]' "$f"; then
-    fail "$f (a core test) includes the run layer (above): build the run from core types (tests/train/core_runs.h)"
-  fi
-  if grep -nw 'RunConfig' "$f"; then
-    fail "$f (a core test) names RunConfig (above): the run layer's tests are at the top of tests/"
-  fi
-done
+no_run_layer "a core test" '#include *[<"]([^">]*/)?tinylm/(config|run)\.h[>"]' \
+  ": build the run from core types (tests/train/core_runs.h); the run layer's tests are at the top of tests/" \
+  $core_tests
+t=$checked
 [ "$t" -gt 25 ] || fail "only $t core test files found: the list of core test directories is out of date"
 # The core's umbrella header brings in the core alone.
 grep -nE '#include *<tinylm/(config|run)\.h>' include/tinylm/tinylm.h &&

@@ -3,12 +3,14 @@
 // tests/fixtures with what each was recorded to give.
 #pragma once
 
+#include "../test_util.h"
 #include "internal/crc32.h"
 
 #include <tinylm/train/trainer.h>
 
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,6 +70,31 @@ struct CheckpointFixture {
   double eval_loss;                   // 5 validation batches of the repeat task, seed 1234
   std::array<double, 4> next_losses;  // steps 13-16, resumed
 };
+
+/// Writes 400 payload mutants of `good` (a checkpoint file's bytes) to dir/mutant.ckpt in
+/// turn and hands each path to `load`: each must load or be refused with a c10::Error, and
+/// most must be refused (they break the index or the sizes).
+template <typename Load>
+void check_payload_mutants(const std::filesystem::path& dir, const std::string& good, Load&& load) {
+  const std::string payload = good.substr(32);
+  const uint64_t index_len = index_length(payload);
+  REQUIRE(index_len < payload.size());
+  std::mt19937_64 rng(20261129);
+  int refused = 0, loaded = 0;
+  for (int i = 0; i < 400; ++i) {
+    const auto file = dir / "mutant.ckpt";
+    write_file(file, with_header(good, payload_mutant(payload, index_len, i, rng)));
+    try {
+      load(file.string());
+      ++loaded;
+    } catch (const c10::Error&) {
+      ++refused;
+    }
+  }
+  INFO("refused " << refused << ", loaded " << loaded);
+  CHECK(refused + loaded == 400);
+  CHECK(refused >= 200);
+}
 
 inline std::string fixture_file(const std::string& name) {
   return std::string(TINYLM_SOURCE_DIR) + "/tests/fixtures/" + name;

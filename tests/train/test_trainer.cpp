@@ -225,22 +225,13 @@ TEST_CASE("building and using a Trainer leaves the global seed and thread counts
           "[train][library]") {
   // (make_trainer, and a run config's threads setting, are checked likewise in
   // tests/test_run.cpp.)
-  const int threads_before = at::get_num_threads();
-  at::set_num_threads(1);
-  // What the user's generator gives after seeding 123, with no Trainer in between.
-  torch::manual_seed(123);
-  const auto expected = torch::rand({8});
-  torch::manual_seed(123);
-  {
+  tinylm::test::check_leaves_global_state([] {
     CoreRun c = small_dropout_run("global");
     Trainer t = make_core_trainer(c);
     t.fit();
     t.validation_metrics();
     t.save(c.trainer.out_dir() + "/again.ckpt");
-  }
-  CHECK(torch::equal(torch::rand({8}), expected));
-  CHECK(at::get_num_threads() == 1);
-  at::set_num_threads(threads_before);
+  });
 }
 
 TEST_CASE("a Trainer's randomness is its own: the global seed does not change its losses",
