@@ -117,7 +117,7 @@ RunConfig p1_config() {  // the reference run
 RunConfig transformer_config(const char* task, int64_t vocab, int64_t d_model, int64_t heads, int64_t layers) {
   RunConfig c;
   c.threads = g_threads;
-  c.model = "transformer";
+  c.set("model", "transformer");
   c.task = task;
   c.set("vocab-size", vocab);
   c.set("d-model", d_model);
@@ -144,8 +144,8 @@ RunConfig p2_config(bool quick = false) {
 }
 
 Json describe(const RunConfig& c) {
-  return {{"model", c.model}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
-          {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model == "tiny" ? 1 : c.get<int64_t>("n-layers")},
+  return {{"model", c.model.kind()}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
+          {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model.kind() == "tiny" ? 1 : c.get<int64_t>("n-layers")},
           {"seq", c.task_options.seq_len()}, {"batch", c.trainer.batch_size()}, {"optimizer", c.get<std::string>("optimizer")},
           {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.trainer.optimizer().flat()}};
 }

@@ -1,4 +1,5 @@
-// The run configuration: field table, validation and TOML reading/writing.
+// The run configuration: its field table (the model part made from the registered model
+// kinds) and its validation. TOML reading and writing: config_toml.cpp.
 #include <tinylm/config.h>
 #include <tinylm/nn/model_kind.h>
 #include <tinylm/run.h>
@@ -22,33 +23,6 @@ namespace tinylm {
 namespace {
 
 using R = RunConfig;
-
-std::string suggestion(const std::string& key) {
-  const ConfigField* best = nullptr;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& f : config_fields()) {
-    const size_t d = internal::edit_distance(key, f.name);
-    if (d < best_d) best_d = d, best = &f;
-  }
-  if (best && best_d <= 3) return std::string(" (did you mean '") + best->name + "'?)";
-  return " (a printed config lists every key)";
-}
-
-// A double as TOML writes it: the shortest text that reads back exactly, still a float.
-std::string format_double(double v) {
-  std::string s = option_text(v);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
 
 void check_one_of(const char* key, const std::string& value, const std::vector<std::string>& allowed) {
   TORCH_CHECK(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), key, " must be one of ",
@@ -113,8 +87,65 @@ const std::map<std::string, Preset>& model_presets() {
 
 struct Fields {
   std::vector<ConfigField> list;
+  /// Each model key's default (the run's preset, else the first kind's that has it):
+  /// what its field reads where the chosen kind has no such option.
   std::map<std::string, OptionValue> model_defaults;
 };
+const Fields& fields();
+
+/// A kind's options as a run starts them: its defaults, with the run's presets for the
+/// options it has, and a zero of its type for a required one without a preset.
+nn::ModelOptions run_defaults(const nn::ModelKind& kind) {
+  nn::ModelOptions o = kind.defaults;
+  for (const auto& info : kind.options) {
+    auto preset = model_presets().find(info.name);
+    if (preset != model_presets().end()) kind.set(o, info.name, preset->second.value);
+    else if (!info.default_value) kind.set(o, info.name, fields().model_defaults.at(info.name));
+  }
+  return o;
+}
+
+/// The model's option `name` (stored spelling): the chosen kind's when it has one; else
+/// one given for another kind, or the key's default.
+OptionValue model_option(const RunConfig& c, const std::string& name) {
+  if (auto v = nn::find_model_kind(c.model.kind()).get(c.model, name)) return *v;
+  auto it = c.other_model_options.find(name);
+  return it != c.other_model_options.end() ? it->second : fields().model_defaults.at(name);
+}
+
+void set_model_option(RunConfig& c, const std::string& name, const OptionValue& v) {
+  const auto& kind = nn::find_model_kind(c.model.kind());
+  if (kind.get(c.model, name)) {
+    kind.set(c.model, name, v);
+    c.other_model_options.erase(name);
+  } else {
+    c.other_model_options[name] = v;
+  }
+}
+
+/// The config's model becomes a model of that kind: the options the two kinds share keep
+/// their values, options given for other kinds that this one has are taken up, and those
+/// given for the old kind that this one lacks wait (check_config() refuses them).
+void set_model_kind(RunConfig& c, const std::string& name) {
+  const auto& to = nn::find_model_kind(name);
+  if (c.model.kind() == to.name) return;
+  nn::ModelOptions next = run_defaults(to);
+  const auto& from = nn::find_model_kind(c.model.kind());
+  for (const auto& info : from.options) {
+    const OptionValue v = *from.get(c.model, info.name);
+    if (to.get(next, info.name)) to.set(next, info.name, v);
+    else if (c.given.count(spell(info.name, Spelling::config))) c.other_model_options[info.name] = v;
+  }
+  for (auto it = c.other_model_options.begin(); it != c.other_model_options.end();) {
+    if (!to.get(next, it->first)) {
+      ++it;
+      continue;
+    }
+    to.set(next, it->first, it->second);
+    it = c.other_model_options.erase(it);
+  }
+  c.model = std::move(next);
+}
 
 // One key per option of the registered model kinds (an option several kinds have is one
 // key, of one type), each kind's spec giving its help, type, choices and default.
@@ -138,8 +169,15 @@ void add_model_fields(Fields& out) {
       if (!it->info.default_value) it->info.default_value = o.default_value;
     }
   }
-  out.list.push_back(member("model", "model", "", &R::model, kinds));
-  out.list.back().help = "the model kind: " + internal::join(kinds);
+  ConfigField model;
+  model.name = "model";
+  model.group = "model";
+  model.help = "the model kind: " + internal::join(kinds);
+  model.type = OptionType::text;
+  model.choices = kinds;
+  model.get = [](const RunConfig& c) { return OptionValue(c.model.kind()); };
+  model.set = [](RunConfig& c, const OptionValue& v) { set_model_kind(c, std::get<std::string>(v)); };
+  out.list.push_back(std::move(model));
   for (const auto& s : seen) {
     ConfigField f;
     f.name = spell(s.info.name, Spelling::config);
@@ -150,12 +188,8 @@ void add_model_fields(Fields& out) {
     f.rule = s.info.rule;
     f.option = s.info.name;
     const std::string key = s.info.name;
-    f.get = [key](const RunConfig& c) {
-      auto it = c.model_options.find(key);
-      TORCH_CHECK(it != c.model_options.end(), "the run config holds no model option ", key);
-      return it->second;
-    };
-    f.set = [key](RunConfig& c, const OptionValue& v) { c.model_options[key] = v; };
+    f.get = [key](const RunConfig& c) { return model_option(c, key); };
+    f.set = [key](RunConfig& c, const OptionValue& v) { set_model_option(c, key, v); };
     auto preset = model_presets().find(key);
     const bool has_preset = preset != model_presets().end();
     if (has_preset && preset->second.help) f.help = preset->second.help;
@@ -178,9 +212,11 @@ void add_model_fields(Fields& out) {
     f.type = OptionType::boolean;
     f.written = false;
     f.option = "attention_kernel";
-    f.get = [](const RunConfig& c) { return OptionValue(std::get<std::string>(c.model_options.at("attention_kernel")) != "plain"); };
+    f.get = [](const RunConfig& c) {
+      return OptionValue(std::get<std::string>(model_option(c, "attention_kernel")) != "plain");
+    };
     f.set = [](RunConfig& c, const OptionValue& v) {
-      c.model_options["attention_kernel"] = std::string(std::get<bool>(v) ? "automatic" : "plain");
+      set_model_option(c, "attention_kernel", std::string(std::get<bool>(v) ? "automatic" : "plain"));
     };
     out.list.push_back(std::move(f));
   }
@@ -221,7 +257,7 @@ OptionValue coerce(const ConfigField& f, OptionValue v) {
 
 }  // namespace
 
-RunConfig::RunConfig() : model_options(fields().model_defaults) { trainer.out_dir("runs/default"); }
+RunConfig::RunConfig() : model(run_defaults(nn::find_model_kind("tiny"))) { trainer.out_dir("runs/default"); }
 
 data::TaskOptions RunConfig::task_settings() const {
   data::TaskOptions o = task_options;
@@ -229,16 +265,20 @@ data::TaskOptions RunConfig::task_settings() const {
 }
 
 int64_t RunConfig::effective_context() const {
-  auto it = model_options.find("context_length");
-  const int64_t c = it != model_options.end() && std::holds_alternative<int64_t>(it->second)
-                        ? std::get<int64_t>(it->second)
-                        : 0;
+  const auto v = nn::find_model_kind(model.kind()).get(model, "context_length");
+  const int64_t c = v && std::holds_alternative<int64_t>(*v) ? std::get<int64_t>(*v) : 0;
   return c > 0 ? c : task_options.seq_len();
 }
 
+nn::ModelOptions RunConfig::model_settings() const {
+  nn::ModelOptions o = model;
+  const auto& kind = nn::find_model_kind(o.kind());
+  if (kind.get(o, "context_length")) kind.set(o, "context_length", effective_context());
+  return o;
+}
+
 void RunConfig::set(const std::string& key, OptionValue value) {
-  const ConfigField* f = find_config_field(key);
-  TORCH_CHECK(f, "the run config has no key '", internal::printable(key), "'", suggestion(key));
+  const ConfigField* f = &config_field(key);
   value = coerce(*f, std::move(value));
   TORCH_CHECK(type_of(value) == f->type, "'", key, "' must be ", to_string(f->type), ", got ",
               to_string(type_of(value)));
@@ -253,6 +293,19 @@ const ConfigField* find_config_field(const std::string& name) {
     if (name == f.name) return &f;
   }
   return nullptr;
+}
+
+const ConfigField& config_field(const std::string& name) {
+  if (const ConfigField* f = find_config_field(name)) return *f;
+  const ConfigField* best = nullptr;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& f : config_fields()) {
+    const size_t d = internal::edit_distance(name, f.name);
+    if (d < best_d) best_d = d, best = &f;
+  }
+  TORCH_CHECK(false, "unknown key '", internal::printable(name), "'",
+              best && best_d <= 3 ? std::string(" (did you mean '") + best->name + "'?)"
+                                  : std::string(" (a printed config lists every key)"));
 }
 
 namespace {
@@ -270,7 +323,7 @@ std::string not_taken(const RunConfig& c, const ConfigField& f) {
       for (const auto& n : own) names->push_back(spell(n, Spelling::config));
     return yes;
   };
-  const std::string& chosen = model ? c.model : c.task;
+  const std::string& chosen = model ? c.model.kind() : c.task;
   std::vector<std::string> own, others;
   if (takes_it(chosen, &own)) return "";
   for (const auto& kind : model ? nn::model_kind_names() : data::task_kind_names())
@@ -287,77 +340,8 @@ std::string not_taken(const RunConfig& c, const ConfigField& f) {
 
 bool takes(const RunConfig& c, const ConfigField& f) { return not_taken(c, f).empty(); }
 
-std::string field_value_string(const ConfigField& field, const RunConfig& config) {
-  const OptionValue v = field.get(config);
-  switch (v.index()) {
-    case 0: return std::get<bool>(v) ? "true" : "false";
-    case 1: return std::to_string(std::get<int64_t>(v));
-    case 2: return format_double(std::get<double>(v));
-    default: return quote(std::get<std::string>(v));
-  }
-}
-
 std::string accepted_values(const ConfigField& f) {
   return !f.choices.empty() ? "one of " + internal::join(f.choices) : f.rule;
-}
-
-std::string to_toml(const RunConfig& config, bool with_accepted) {
-  std::ostringstream os;
-  std::string group;
-  for (const auto& f : config_fields()) {
-    if (!f.written || !takes(config, f)) continue;
-    if (group != f.group) {
-      os << (group.empty() ? "" : "\n") << "# ---- " << f.group << "\n";
-      group = f.group;
-    }
-    os << f.name << " = " << field_value_string(f, config);
-    if (const std::string accepted = accepted_values(f); with_accepted && !accepted.empty())
-      os << "  # " << accepted;
-    os << "\n";
-  }
-  return os.str();
-}
-
-std::vector<std::string> apply_toml(RunConfig& config, const std::string& text,
-                                    const std::string& origin, std::vector<std::string>* unknown) {
-  std::vector<std::string> set;
-  for (const auto& entry : internal::parse_flat_toml(text, origin)) {
-    const std::string& key = entry.key;
-    const auto line = entry.line;
-    TORCH_CHECK(!entry.table, origin, ":", line, ": [", key,
-                "] is a table: tinylm configs use flat keys only, e.g. d-model = 32");
-    const ConfigField* field = find_config_field(key);
-    if (!field && unknown) {
-      unknown->push_back(key);
-      continue;
-    }
-    TORCH_CHECK(field, origin, ": unknown key '", internal::printable(key), "'", suggestion(key));
-    const auto& value = entry.value;
-    OptionValue v;
-    if (std::holds_alternative<bool>(value)) v = std::get<bool>(value);
-    else if (std::holds_alternative<int64_t>(value)) v = std::get<int64_t>(value);
-    else if (std::holds_alternative<double>(value)) v = std::get<double>(value);
-    else if (std::holds_alternative<std::string>(value)) v = std::get<std::string>(value);
-    const bool known_type = !std::holds_alternative<std::monostate>(value);
-    if (known_type) v = coerce(*field, v);
-    static const char* const wanted[] = {"true or false", "an integer", "a number", "a string (in quotes)"};
-    TORCH_CHECK(known_type && type_of(v) == field->type, origin, ":", line, ": '", key, "' must be ",
-                wanted[static_cast<int>(field->type)], ", got ", entry.type);
-    try {
-      field->set(config, v);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, origin, ":", line, ": ", e.what_without_backtrace());
-    }
-    config.given[key] = origin + ":" + std::to_string(line);
-    set.push_back(key);
-  }
-  return set;
-}
-
-std::vector<std::string> apply_toml_file(RunConfig& config, const std::string& path) {
-  // A config is a few kilobytes; a megabyte is plenty and keeps a mistaken path cheap.
-  return apply_toml(config, internal::read_regular_file(path, "config file", 1u << 20),
-                    internal::printable(path));
 }
 
 void check_config(const RunConfig& c) {
@@ -365,21 +349,17 @@ void check_config(const RunConfig& c) {
     if (!f.choices.empty()) check_one_of(f.name.c_str(), std::get<std::string>(f.get(c)), f.choices);
   // A key given for another model or task kind would be silently unused: refused.
   for (const auto& [key, where] : c.given) {
-    const ConfigField* f = find_config_field(key);
-    TORCH_CHECK(f, "the run config has no key '", internal::printable(key), "'", suggestion(key));
-    const std::string why = not_taken(c, *f);
+    const std::string why = not_taken(c, config_field(key));
     TORCH_CHECK(why.empty(), where.empty() ? "" : where + ": ", why);
   }
-  const int64_t context = std::get<int64_t>(c.model_options.count("context_length")
-                                                ? c.model_options.at("context_length")
-                                                : OptionValue(int64_t{0}));
+  const auto given_context = nn::find_model_kind(c.model.kind()).get(c.model, "context_length");
+  const int64_t context = given_context ? std::get<int64_t>(*given_context) : 0;
   TORCH_CHECK(context >= 0, "context-length must be >= 0 (0 = seq-len), got ", context);
   // The task's rules (its settings' spec, then its kind's), with the model's vocabulary.
   const data::TaskOptions task = c.task_settings();
   data::check_task(c.task, task, Spelling::config);
   // The model's own rules, each stated once by its kind, in the config's spelling.
-  std::vector<std::string> unknown;
-  nn::find_model_kind(c.model).check(model_architecture(c), Spelling::config, &unknown);
+  nn::find_model_kind(c.model.kind()).check(c.model_settings(), Spelling::config);
   TORCH_CHECK(c.effective_context() >= task.seq_len(), "context-length ", context, " is shorter than seq-len ",
               task.seq_len());
   // The Trainer's own rules, stated once by its options' spec.

@@ -3,6 +3,7 @@
 #include <tinylm/interop.h>
 
 #include <tinylm/nn/model.h>
+#include <tinylm/nn/model_kind.h>
 
 #include "internal/files.h"
 #include "internal/text.h"
@@ -331,7 +332,7 @@ NanoGPTImport import_nanogpt(const std::string& path, int64_t n_heads) {
     tied = same_view || torch::equal(read("lm_head.weight"), read("transformer.wte.weight"));
   }
   options.tie_weights(tied);
-  result.model = nn::build_model(nn::architecture_of(options));  // checks that it fits in memory
+  result.model = nn::build_model(nn::ModelOptions("transformer", options));  // checks that it fits in memory
   torch::NoGradGuard no_grad;
   for (auto& p : result.model->named_parameters()) {
     const std::string theirs = nanogpt_name(p.key());

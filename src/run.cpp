@@ -16,42 +16,28 @@
 
 namespace tinylm {
 
-nn::ModelArchitecture model_architecture(const RunConfig& c) {
-  const auto& kind = nn::find_model_kind(c.model);
-  nn::ModelArchitecture a{kind.name, kind.version, {}};
-  for (const auto& o : kind.options) {
-    auto it = c.model_options.find(o.name);
-    TORCH_CHECK(it != c.model_options.end(), "the run config holds no value for ", spell(o.name, Spelling::config),
-                ", an option of the ", kind.name, " model");
-    a.options[o.name] = o.name == "context_length" ? std::to_string(c.effective_context()) : option_text(it->second);
-  }
-  return a;
-}
+nn::ModelArchitecture model_architecture(const RunConfig& c) { return nn::architecture_of(c.model_settings()); }
 
 void set_model(RunConfig& c, const nn::ModelArchitecture& a) {
-  const auto& kind = nn::find_model_kind(a.kind);
   const int64_t context = c.effective_context();
-  const auto before = c.model_options;
-  c.model = kind.name;
-  for (const auto& o : kind.options) {
-    auto it = a.options.find(o.name);
-    if (it != a.options.end()) c.model_options[o.name] = parse_option_text(o, it->second, "a " + kind.name + " architecture");
-  }
+  const auto before = nn::find_model_kind(c.model.kind()).get(c.model, "context_length");
+  c.model = nn::read_model_options(a);
+  c.other_model_options.clear();
   // A context the config already gives (0 = seq-len) stays written as it was.
-  if (c.effective_context() == context && before.count("context_length"))
-    c.model_options["context_length"] = before.at("context_length");
+  const auto& kind = nn::find_model_kind(c.model.kind());
+  if (before && kind.get(c.model, "context_length") && c.effective_context() == context)
+    kind.set(c.model, "context_length", *before);
 }
 
 namespace {
 
 // The parts of a config already validated (make_trainer validates once for all of them).
 nn::LanguageModel build_checked_model(const RunConfig& c) {
-  const auto architecture = model_architecture(c);
   // The reference run seeds LibTorch's generator with the run seed before building the
   // model; the same stream is lent here, and the global generator is left alone.
   auto state = internal::seeded_generator_state(torch::kCPU, static_cast<uint64_t>(c.trainer.seed()));
   internal::GeneratorScope scope(torch::kCPU, state);
-  return nn::build_model(architecture);
+  return nn::build_model(c.model_settings());
 }
 
 train::TrainerOptions checked_trainer_options(const RunConfig& c) {
@@ -95,7 +81,9 @@ RunConfig config_from_checkpoint(const train::Checkpoint& ck) {
   RunConfig c;
   std::vector<std::string> unknown;
   apply_toml(c, ck.recipe, ck.path + " (stored config)", &unknown);
-  c.given.clear();  // tinylm wrote it; one from before recipes held their kind's keys only holds every kind's
+  // tinylm wrote it; one from before recipes held their kind's keys only holds every kind's
+  c.given.clear();
+  c.other_model_options.clear();
   for (const auto& key : unknown)
     logger()->warn("checkpoint '{}': its stored config sets '{}', which this tinylm does not know: "
                    "ignored", ck.path, internal::printable(key));
@@ -133,7 +121,7 @@ InferenceRun open_for_inference(train::Checkpoint checkpoint, const InferenceOpt
   }
   run.device = train::resolve_device(options.device);
   check_memory(cfg, 1, /*training=*/false, run.device.is_cuda());
-  run.model = nn::build_model(run.checkpoint.architecture);
+  run.model = nn::build_model(cfg.model_settings());  // the checkpoint's architecture, read once
   train::load_model_state(run.checkpoint, *run.model);
   run.model->to(run.device);
   run.model->eval();

@@ -28,9 +28,9 @@ TEST_CASE("memory estimates refuse sizes that cannot fit, naming the setting", "
   RunConfig batch = reference, seq = reference, ctx = reference, layers = reference, vocab = reference;
   batch.trainer.batch_size(1000000000);
   seq.task_options.seq_len(1000000000);
-  ctx.model = "transformer";  // learned positions: a weight per position
+  ctx.set("model", "transformer");  // learned positions: a weight per position
   ctx.set("context-length", 1000000000);
-  layers.model = "transformer";
+  layers.set("model", "transformer");
   layers.set("n-layers", 1000000000);
   vocab.set("vocab-size", 1000000000000);
   // Not a structured binding: lambdas capture those from C++20 on (clang refuses before).
@@ -58,7 +58,7 @@ TEST_CASE("memory estimates count the model's parameters and grow with the batch
   RunConfig tiny, wide, deep, untied, bare;
   wide.set("d-model", 48);
   wide.set("vocab-size", 100);
-  deep.model = untied.model = bare.model = "transformer";
+  for (RunConfig* c : {&deep, &untied, &bare}) c->set("model", "transformer");
   deep.set("n-layers", 3);
   deep.set("context-length", 20);
   untied.set("tie-weights", false);

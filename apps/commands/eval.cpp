@@ -42,7 +42,7 @@ int run_eval(const EvalArgs& a) {
   if (a.json) {
     nlohmann::ordered_json line = {
         {"checkpoint", run.checkpoint.path}, {"step", run.checkpoint.state.step},
-        {"task", cfg.task}, {"model", cfg.model}, {"loss", m.loss}, {"perplexity", m.perplexity},
+        {"task", cfg.task}, {"model", cfg.model.kind()}, {"loss", m.loss}, {"perplexity", m.perplexity},
         {"accuracy", m.accuracy}, {"exact_match", m.exact_match}, {"tokens", m.tokens},
         {"rows", m.rows}};
     if (bytes_per_token > 0) line["bits_per_byte"] = bits_per_byte;
@@ -51,7 +51,7 @@ int run_eval(const EvalArgs& a) {
   }
   std::printf("checkpoint %s: step %lld, task %s, model %s, %lld parameters\n",
               run.checkpoint.path.c_str(), static_cast<long long>(run.checkpoint.state.step),
-              cfg.task.c_str(), cfg.model.c_str(), static_cast<long long>(nn::count_parameters(*run.model)));
+              cfg.task.c_str(), cfg.model.kind().c_str(), static_cast<long long>(nn::count_parameters(*run.model)));
   std::printf("loss %.6f | perplexity %.4f | accuracy %.2f%% (%lld tokens) | exact match %.2f%% (%lld rows)\n",
               m.loss, m.perplexity, 100 * m.accuracy, static_cast<long long>(m.tokens),
               100 * m.exact_match, static_cast<long long>(m.rows));

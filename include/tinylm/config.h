@@ -7,6 +7,7 @@
 #pragma once
 
 #include <tinylm/data/task_kind.h>
+#include <tinylm/nn/model_kind.h>
 #include <tinylm/spec.h>
 #include <tinylm/train/trainer.h>
 
@@ -27,11 +28,17 @@ namespace tinylm {
 struct RunConfig {
   RunConfig();
 
-  // ---- model: a registered kind (nn::find_model_kind) and the options of every kind,
-  // by their stored names (d_model). Each kind declares its options once (its spec);
-  // config_fields() makes a key of each, and model_architecture() hands a kind its own.
-  std::string model = "tiny";  // tiny (the reference TinyAttentionLM) | transformer | a registered kind
-  std::map<std::string, OptionValue> model_options;
+  // ---- model: the options of a registered kind (nn::find_model_kind), as that kind's
+  // own struct (nn::ModelOptions: TinyAttentionLMOptions for "tiny", the reference
+  // TinyAttentionLM; TransformerLMOptions for "transformer"; a program's for its kind).
+  // config_fields() makes a key of each kind's options (d-model, n-layers ...), which
+  // read and write it; the key `model` changes the kind, keeping the options both share.
+  // Building the model, counting it and sizing its memory all take this value.
+  nn::ModelOptions model;
+  /// Model keys given (set(), a TOML key) that the chosen kind has no option for, by
+  /// stored name (n_layers before `model = "transformer"`): a later `model` key takes up
+  /// those its kind has, and check_config() refuses the rest.
+  std::map<std::string, OptionValue> other_model_options;
   // ---- task: a registered kind (data::find_task_kind) and the settings any task takes,
   // whose spec (data::TaskOptions::spec()) gives their keys; vocab_size is the model's.
   std::string task = "repeat";
@@ -55,6 +62,9 @@ struct RunConfig {
   data::TaskOptions task_settings() const;
   /// The model's context: context-length, or seq-len where that is 0.
   int64_t effective_context() const;
+  /// The model's options as the model gets them: `model` with context-length 0 made
+  /// seq-len.
+  nn::ModelOptions model_settings() const;
 
   /// Any field by its key (d-model, lr ...): get<T> throws naming the key when it is not
   /// a T; set() takes a value of the field's type (an int for an integer or a real).
@@ -92,6 +102,9 @@ struct ConfigField {
 /// first call are not among them).
 const std::vector<ConfigField>& config_fields();
 const ConfigField* find_config_field(const std::string& name);
+/// The field of that name; an error naming the key, and the closest key when one is near
+/// ("unknown key 'd_model' (did you mean 'd-model'?)").
+const ConfigField& config_field(const std::string& name);
 
 template <typename T>
 T RunConfig::get(const std::string& key) const {

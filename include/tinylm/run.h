@@ -15,12 +15,12 @@
 
 namespace tinylm {
 
-/// The model a run config describes, as an architecture: its kind's options, each from
-/// the config (context-length 0 made seq-len). Not checked (check_config() checks it).
+/// The model a run config describes, as an architecture: config.model_settings() as its
+/// kind writes them. Not checked (check_config() checks it).
 nn::ModelArchitecture model_architecture(const RunConfig& config);
 
-/// model_architecture()'s inverse: the config's model becomes that architecture's kind
-/// with every option it stores (each read as its kind declares it).
+/// model_architecture()'s inverse: the config's model becomes that architecture's options,
+/// read once and checked by its kind (nn::read_model_options).
 void set_model(RunConfig& config, const nn::ModelArchitecture& architecture);
 
 /// That model, on the CPU, its weights drawn from a generator seeded by config.seed.

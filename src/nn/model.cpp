@@ -337,17 +337,6 @@ ModelArchitecture architecture_of(const TransformerLMOptions& options) {
   return {"transformer", 1, TransformerLMOptions::spec().write(options)};
 }
 
-TransformerLMOptions transformer_options(const ModelArchitecture& a) {
-  TORCH_CHECK(a.kind == "transformer", "a ", printable(a.kind), " model has no transformer options");
-  TORCH_CHECK(a.version == 1, "a transformer model of option version ", a.version,
-              " is newer than this build understands (version 1): upgrade tinylm");
-  std::vector<std::string> unknown;
-  const auto& spec = TransformerLMOptions::spec();
-  auto options = spec.read(a.options, TransformerLMOptions(0, 0, 0, 0, 0), "a transformer architecture", &unknown);
-  spec.check(options);
-  return options;
-}
-
 void TransformerLMImpl::reset() {
   const int64_t V = options.vocab_size(), C = options.context_length(), D = options.d_model(),
                 L = options.n_layers();

@@ -9,8 +9,9 @@
 #include "internal/text.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <functional>
+#include <string>
+#include <variant>
 #include <vector>
 
 namespace tinylm::nn {
@@ -100,19 +101,29 @@ internal::KindRegistry<ModelKind>& registry() {
   return *r;
 }
 
-/// The kind, after checking the architecture's version and options.
-const ModelKind& checked_kind(const ModelArchitecture& a, bool warn) {
+/// The architecture's kind after checking its option version, and its options read
+/// once and checked; unknown options are logged when `warn`.
+ModelOptions read_checked(const ModelArchitecture& a, bool warn) {
   const ModelKind& kind = find_model_kind(a.kind);
   TORCH_CHECK(a.version >= 1 && a.version <= kind.version, "a ", printable(a.kind), " model of option version ",
               a.version, " is newer than this build understands (version ", kind.version,
               "): upgrade tinylm, or the program that defines this kind");
   std::vector<std::string> unknown;
-  kind.check(a, Spelling::stored, &unknown);
+  ModelOptions o = kind.read(a.options, "a " + kind.name + " architecture", &unknown);
+  kind.check(o, Spelling::stored);
   if (warn)
     for (const auto& key : unknown)
       logger()->warn("model option '{}' = '{}' of a {} model (version {}) is unknown to this tinylm (written by a "
                      "newer one?): ignored",
                      printable(key), printable(a.options.at(key)), printable(a.kind), a.version);
+  return o;
+}
+
+/// The kind of options that pass its rules.
+const ModelKind& checked_kind(const ModelOptions& o) {
+  TORCH_CHECK(!o.empty(), "model options of no kind: read them from an architecture, or start from a kind's defaults");
+  const ModelKind& kind = find_model_kind(o.kind());
+  kind.check(o, Spelling::stored);
   return kind;
 }
 
@@ -120,10 +131,10 @@ const ModelKind& checked_kind(const ModelArchitecture& a, bool warn) {
 /// the memory this process has: an architecture read from a file must not exhaust it.
 /// Nothing else a model holds grows with its options: masks and sinusoidal rows are made
 /// for the lengths it is run at.
-void check_fits(const ModelArchitecture& a, double parameters) {
+void check_fits(const std::string& kind, double parameters) {
   const double bytes = 4.0 * parameters;
   const uint64_t available = internal::available_memory_bytes();
-  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", printable(a.kind),
+  TORCH_CHECK(available == 0 || bytes < 0.9 * static_cast<double>(available), "a ", printable(kind),
               " model with these options needs about ", internal::human_bytes(bytes), " for its weights, but ",
               internal::human_bytes(static_cast<double>(available)),
               " is available: lower vocab_size, context_length, d_model or n_layers");
@@ -132,8 +143,10 @@ void check_fits(const ModelArchitecture& a, double parameters) {
 }  // namespace
 
 void register_model_kind(ModelKind kind) {
-  TORCH_CHECK(!kind.name.empty() && kind.check && kind.build,
-              "register_model_kind: a kind needs a name, check and build (model_kind() makes them)");
+  TORCH_CHECK(!kind.name.empty() && kind.read && kind.write && kind.get && kind.set && kind.check && kind.build &&
+                  kind.defaults.kind() == kind.name,
+              "register_model_kind: a kind needs a name, defaults of that kind, read, write, get, set, check and "
+              "build (model_kind() makes them)");
   registry().add(std::move(kind));
 }
 
@@ -147,34 +160,57 @@ const ModelKind& find_model_kind(const std::string& name) {
 
 std::vector<std::string> model_kind_names() { return registry().names(); }
 
-double parameter_elements(const ModelArchitecture& a) {
-  const ModelKind& kind = checked_kind(a, /*warn=*/false);
-  TORCH_CHECK(kind.parameter_elements, "model kind '", printable(a.kind), "' does not count its parameters");
-  return kind.parameter_elements(a);
+ModelOptions read_model_options(const ModelArchitecture& a) { return read_checked(a, /*warn=*/true); }
+
+ModelArchitecture architecture_of(const ModelOptions& o) {
+  TORCH_CHECK(!o.empty(), "model options of no kind have no architecture");
+  const ModelKind& kind = find_model_kind(o.kind());
+  return {kind.name, kind.version, kind.write(o)};
 }
 
-int64_t parameter_count(const ModelArchitecture& a) {
-  const double elements = parameter_elements(a);
+double parameter_elements(const ModelOptions& o) {
+  const ModelKind& kind = checked_kind(o);
+  TORCH_CHECK(kind.parameter_elements, "model kind '", printable(o.kind()), "' does not count its parameters");
+  return kind.parameter_elements(o);
+}
+
+int64_t parameter_count(const ModelOptions& o) {
+  const double elements = parameter_elements(o);
   // Exact below 2^53.
-  TORCH_CHECK(elements >= 0 && elements < 9e18, "a ", printable(a.kind), " model with these options would have ",
+  TORCH_CHECK(elements >= 0 && elements < 9e18, "a ", printable(o.kind()), " model with these options would have ",
               elements, " parameters, more than any model can");
   return static_cast<int64_t>(elements);
 }
 
-BatchMemory batch_memory(const ModelArchitecture& a, double rows, double seq_len, bool training) {
-  const ModelKind& kind = checked_kind(a, /*warn=*/false);
-  if (kind.batch_memory) return kind.batch_memory(a, rows, seq_len, training);
+double parameter_elements(const ModelArchitecture& a) { return parameter_elements(read_checked(a, /*warn=*/false)); }
+
+int64_t parameter_count(const ModelArchitecture& a) { return parameter_count(read_checked(a, /*warn=*/false)); }
+
+BatchMemory batch_memory(const ModelOptions& o, double rows, double seq_len, bool training) {
+  const ModelKind& kind = checked_kind(o);
+  if (kind.batch_memory) return kind.batch_memory(o, rows, seq_len, training);
   BatchMemory m;  // the logits (and their gradient) at least
-  auto v = a.options.find("vocab_size");
-  const double vocab = v != a.options.end() ? std::strtod(v->second.c_str(), nullptr) : 0;
+  const auto v = kind.get(o, "vocab_size");
+  const double vocab = v && std::holds_alternative<int64_t>(*v) ? static_cast<double>(std::get<int64_t>(*v)) : 0;
   m.activation_bytes = 4 * (training ? 2 : 1) * rows * seq_len * vocab;
   return m;
 }
 
-LanguageModel build_model(const ModelArchitecture& a) {
-  const ModelKind& kind = checked_kind(a, /*warn=*/true);
-  if (kind.parameter_elements) check_fits(a, kind.parameter_elements(a));
-  return kind.build(a);
+BatchMemory batch_memory(const ModelArchitecture& a, double rows, double seq_len, bool training) {
+  return batch_memory(read_checked(a, /*warn=*/false), rows, seq_len, training);
+}
+
+LanguageModel build_model(const ModelOptions& o) {
+  const ModelKind& kind = checked_kind(o);
+  if (kind.parameter_elements) check_fits(kind.name, kind.parameter_elements(o));
+  return kind.build(o);
+}
+
+LanguageModel build_model(const ModelArchitecture& a) { return build_model(read_model_options(a)); }
+
+TransformerLMOptions transformer_options(const ModelArchitecture& a) {
+  TORCH_CHECK(a.kind == "transformer", "a ", printable(a.kind), " model has no transformer options");
+  return read_checked(a, /*warn=*/false).options<TransformerLMOptions>();
 }
 
 }  // namespace tinylm::nn
