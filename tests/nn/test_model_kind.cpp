@@ -136,6 +136,17 @@ TEST_CASE("a program's own kind is built, counted and checked by the same path",
   CHECK(dynamic_cast<TableBigramImpl*>(rebuilt.get()) != nullptr);
   CHECK(rebuilt->architecture().options == a.options);
   CHECK(parameter_count(a) == 49);
+  // Read once into the kind's own struct, which building and counting take.
+  const ModelOptions read = read_model_options(a);
+  CHECK(read.kind() == "test-bigram");
+  CHECK(read.options<TableBigramOptions>().init_scale() == 0.5);
+  CHECK(parameter_count(read) == 49);
+  CHECK(architecture_of(read).options == a.options);
+  CHECK(build_model(read)->architecture().options == a.options);
+  CHECK_THAT(error_message([&] { read.options<TransformerLMOptions>(); }),
+             Catch::Contains("the options of a 'test-bigram' model are not of the type asked for"));
+  CHECK_THAT(error_message([&] { build_model(ModelOptions("test-bigram", TinyAttentionLMOptions(7, 8, 16, 2))); }),
+             Catch::Contains("not of the type asked for"));
   auto bad = a;
   bad.options["vocab_size"] = "1";
   CHECK_THAT(error_message([&] { build_model(bad); }), Catch::Contains("BigramLM: vocab_size must be >= 2, got 1"));
