@@ -12,9 +12,7 @@
 
 namespace tinylm {
 
-namespace {
-
-void check_sampling_options(const GenerateOptions& o) {
+void check_generate_options(const GenerateOptions& o) {
   TORCH_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ",
               o.max_new_tokens);
   TORCH_CHECK(o.temperature > 0, "generate: temperature must be > 0, got ", o.temperature,
@@ -22,10 +20,8 @@ void check_sampling_options(const GenerateOptions& o) {
   TORCH_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p must be in (0, 1], got ", o.top_p);
 }
 
-}  // namespace
-
 torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options) {
-  check_sampling_options(options);
+  check_generate_options(options);
   TORCH_CHECK(logits.dim() == 2, "sampling_probabilities: expected logits (B, V), got shape ",
               logits.sizes());
   const int64_t V = logits.size(1);
@@ -52,6 +48,13 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
   return probs.to(torch::kFloat32);
 }
 
+torch::Tensor next_tokens(const torch::Tensor& logits, const GenerateOptions& options,
+                          c10::optional<at::Generator> generator) {
+  if (options.greedy) return logits.argmax(-1, /*keepdim=*/true);
+  auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
+  return torch::multinomial(probs, 1, /*replacement=*/false, generator).to(logits.device());
+}
+
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
                        const GenerateOptions& options) {
   return generate(model, prompt, options, TokenCallback{});
@@ -59,7 +62,7 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
 
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
                        const GenerateOptions& options, const TokenCallback& on_token) {
-  check_sampling_options(options);
+  check_generate_options(options);
   TORCH_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(0) >= 1 && prompt.size(1) >= 1,
               "generate: prompt must be (B, T) with B, T >= 1, got shape ",
               prompt.defined() ? prompt.sizes() : torch::IntArrayRef{});
@@ -92,12 +95,7 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
         logits = model.forward(window).logits.select(1, -1);
       }
     }
-    if (options.greedy) {
-      next = logits.argmax(-1, /*keepdim=*/true);
-    } else {
-      auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
-      next = torch::multinomial(probs, 1, /*replacement=*/false, gen).to(device);
-    }
+    next = next_tokens(logits, options, gen);
     seq = torch::cat({seq, next}, /*dim=*/1);  // (B, T + 1)
     if (on_token && !on_token(next)) break;
   }

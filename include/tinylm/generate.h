@@ -4,6 +4,9 @@
 
 #include <tinylm/nn/model.h>
 
+#include <ATen/core/Generator.h>
+#include <c10/util/Optional.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -30,6 +33,9 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
 };
 
+/// Throws at the first option out of its range, naming it and its value.
+void check_generate_options(const GenerateOptions& options);
+
 /// prompt: (B, T) int64, T >= 1. Returns (B, T + N): the prompt followed by N new
 /// tokens. When the running sequence is longer than the model's context, only the
 /// last context_length tokens are fed (sliding window). Runs without gradients in
@@ -52,5 +58,11 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
 /// probabilities (B, V) that sampling draws from: for a caller that samples in a loop
 /// of its own.
 torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options);
+
+/// The next tokens (B, 1), on logits' device, for logits (B, V), as generate() draws them:
+/// the most likely with greedy, else sampled on the CPU from sampling_probabilities() with
+/// `generator` (none: LibTorch's global CPU generator).
+torch::Tensor next_tokens(const torch::Tensor& logits, const GenerateOptions& options,
+                          c10::optional<at::Generator> generator);
 
 }  // namespace tinylm

@@ -3,6 +3,7 @@
 // is apart: tinylm/run.h (which includes tinylm/config.h), linked as tinylm::run.
 #pragma once
 
+#include <tinylm/batch_decoder.h>
 #include <tinylm/data/prepare.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/data/token_file.h>

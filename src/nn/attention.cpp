@@ -9,9 +9,11 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace tinylm::nn {
 
@@ -281,6 +283,58 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   const auto all_values = Hkv == H ? values : values.repeat_interleave(H / Hkv, /*dim=*/1);
   auto weights = attention_weights(q, all_keys, allowed);         // (B, H, Tn, Tc + Tn)
   auto context = merge_heads(torch::matmul(weights, all_values));  // (B, Tn, D)
+  return linear(context, out_proj->weight, out_proj->bias, policy);
+}
+
+DecodeRows decode_rows(std::vector<int64_t> lengths, const torch::Device& device) {
+  TORCH_CHECK(!lengths.empty(), "decode_rows: no rows");
+  DecodeRows rows;
+  for (int64_t n : lengths) TORCH_CHECK(n >= 0, "decode_rows: a row of length ", n);
+  rows.span = *std::max_element(lengths.begin(), lengths.end()) + 1;
+  const auto B = static_cast<int64_t>(lengths.size());
+  rows.positions = torch::tensor(lengths, torch::kLong);
+  // Column j is row b's when j <= lengths[b] (its earlier tokens and the new one).
+  rows.allowed = torch::arange(rows.span, torch::kLong).view({1, rows.span}).le(rows.positions.view({B, 1}));
+  rows.allowed = rows.allowed.view({B, 1, 1, rows.span}).to(device);
+  rows.positions = rows.positions.to(device);
+  rows.lengths = std::move(lengths);
+  return rows;
+}
+
+torch::Tensor MultiHeadSelfAttentionImpl::forward_rows(const torch::Tensor& x, torch::Tensor& keys,
+                                                      torch::Tensor& values, const DecodeRows& rows) {
+  const int64_t D = options.d_model(), H = options.n_heads(), Hkv = n_kv_heads(), Dh = d_head();
+  const auto B = static_cast<int64_t>(rows.lengths.size());
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(1) == 1 && x.size(2) == D,
+              "MultiHeadSelfAttention: expected one new token per row (", B, ", 1, ", D, "), got ", x.sizes());
+  TORCH_CHECK(keys.defined() && values.defined() && keys.dim() == 4 && keys.size(0) == B && keys.size(1) == Hkv &&
+                  keys.size(2) >= rows.span && keys.size(3) == Dh && values.sizes() == keys.sizes(),
+              "MultiHeadSelfAttention: the rows' keys and values must be (", B, ", ", Hkv, ", >= ", rows.span, ", ",
+              Dh, "), got ", keys.defined() ? keys.sizes() : torch::IntArrayRef{});
+  TORCH_CHECK(rows.span <= options.context_length(), "MultiHeadSelfAttention: a row of ", rows.span - 1,
+              " cached tokens and a new one exceeds context_length ", options.context_length());
+  const KernelPolicy& policy = *options.kernel_policy();
+  auto [q, k, v] = heads_of(linear(x, qkv_proj->weight, qkv_proj->bias, policy), H, Hkv, Dh, 0, 0.0, policy);
+  if (options.rotary_base() > 0) {  // each row at its own position, as alone
+    std::vector<torch::Tensor> qs, ks;
+    for (int64_t b = 0; b < B; ++b) {
+      qs.push_back(rotate_halves(q.narrow(0, b, 1), rows.lengths[b], options.rotary_base(), policy));
+      ks.push_back(rotate_halves(k.narrow(0, b, 1), rows.lengths[b], options.rotary_base(), policy));
+    }
+    q = torch::cat(qs), k = torch::cat(ks);
+  }
+  q = q.transpose(1, 2);                         // (B, H, 1, Dh)
+  k = k.transpose(1, 2), v = v.transpose(1, 2);  // (B, Hkv, 1, Dh)
+  const auto column = rows.positions.view({B, 1, 1, 1}).expand({B, Hkv, 1, Dh});
+  keys.scatter_(2, column, k);
+  values.scatter_(2, column, v);
+  auto seen_keys = keys.narrow(2, 0, rows.span), seen_values = values.narrow(2, 0, rows.span);
+  if (Hkv != H) {
+    seen_keys = seen_keys.repeat_interleave(H / Hkv, /*dim=*/1);
+    seen_values = seen_values.repeat_interleave(H / Hkv, /*dim=*/1);
+  }
+  auto weights = attention_weights(q, seen_keys, rows.allowed);          // (B, H, 1, span)
+  auto context = merge_heads(torch::matmul(weights, seen_values));       // (B, 1, D)
   return linear(context, out_proj->weight, out_proj->bias, policy);
 }
 

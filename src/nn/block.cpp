@@ -147,4 +147,14 @@ torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, torch
   return ln2(h + mlp(h));
 }
 
+torch::Tensor TransformerBlockImpl::forward_rows(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
+                                                const DecodeRows& rows) {
+  if (options.pre_ln()) {
+    auto [h, normed] = ln2->forward_residual(x, attn->forward_rows(ln1(x), keys, values, rows));
+    return h + mlp(normed);
+  }
+  auto h = ln1(x + attn->forward_rows(x, keys, values, rows));
+  return ln2(h + mlp(h));
+}
+
 }  // namespace tinylm::nn

@@ -57,6 +57,35 @@ ModelArchitecture LanguageModelImpl::architecture() const {
   return {c10::demangle(typeid(*this).name()), 1, {}};
 }
 
+torch::Tensor LanguageModelImpl::forward_rows(const torch::Tensor& /*ids*/, KVCache& /*cache*/) {
+  TORCH_CHECK(false, c10::demangle(typeid(*this).name()),
+              " does not decode rows of different lengths together (supports_rows() is false): decode each row "
+              "with forward_cached");
+}
+
+namespace {
+
+/// A cache's rows for forward_rows(), checked: one new token per row, one key/value pair
+/// per layer, and room in the context for each row's next token.
+DecodeRows rows_of(const char* who, const torch::Tensor& ids, const KVCache& cache, int64_t layers, int64_t context) {
+  const auto B = static_cast<int64_t>(cache.lengths.size());
+  TORCH_CHECK(B >= 1 && ids.size(0) == B && ids.size(1) == 1, who,
+              ": forward_rows takes one new token for each of the cache's rows, (", B, ", 1), got ", ids.sizes());
+  TORCH_CHECK(static_cast<int64_t>(cache.keys.size()) == layers && static_cast<int64_t>(cache.values.size()) == layers,
+              who, ": the cache holds ", cache.keys.size(), " layers' keys, the model has ", layers);
+  for (int64_t n : cache.lengths)
+    TORCH_CHECK(n >= 0 && n < context, who, ": a row of ", n, " tokens has no room for another within context_length ",
+                context);
+  return decode_rows(cache.lengths, ids.device());
+}
+
+/// Rows of a position table (C, D) at each row's own position -> (B, 1, D).
+torch::Tensor rows_at(const torch::Tensor& table, const DecodeRows& rows) {
+  return table.index_select(0, rows.positions).unsqueeze(1);
+}
+
+}  // namespace
+
 // ---- the options, declared once -------------------------------------------------
 
 namespace {
@@ -302,6 +331,15 @@ torch::Tensor TinyAttentionLMImpl::forward_cached(const torch::Tensor& ids, KVCa
   return lm_head(h);  // (B, Tn, V)
 }
 
+torch::Tensor TinyAttentionLMImpl::forward_rows(const torch::Tensor& ids, KVCache& cache) {
+  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.context_length());
+  const auto rows = rows_of("TinyAttentionLM", ids, cache, 1, options.context_length());
+  auto x = token_embedding(ids) + rows_at(sinusoidal_positions->rows(0, rows.span), rows);  // (B, 1, D)
+  auto h = attention->forward_rows(x, cache.keys[0], cache.values[0], rows);
+  for (auto& n : cache.lengths) ++n;
+  return lm_head(h);  // (B, 1, V)
+}
+
 // ---- TransformerLM -------------------------------------------------------------
 
 const char* to_string(PositionEncoding p) {
@@ -438,6 +476,20 @@ torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCach
   }
   cache.length += Tn;
   return linear(ln_f(x), lm_head_weight(), {}, *policy_);  // (B, Tn, V)
+}
+
+torch::Tensor TransformerLMImpl::forward_rows(const torch::Tensor& ids, KVCache& cache) {
+  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
+  const int64_t L = options.n_layers();
+  const auto rows = rows_of("TransformerLM", ids, cache, L, options.context_length());
+  auto x = token_embedding(ids);  // (B, 1, D)
+  if (learned_positions) x = x + rows_at(learned_positions->rows(0, rows.span), rows);
+  if (sinusoidal_positions) x = x + rows_at(sinusoidal_positions->rows(0, rows.span), rows);
+  for (int64_t l = 0; l < L; ++l) {
+    x = blocks[l]->as<TransformerBlock>()->forward_rows(x, cache.keys[l], cache.values[l], rows);
+  }
+  for (auto& n : cache.lengths) ++n;
+  return linear(ln_f(x), lm_head_weight(), {}, *policy_);  // (B, 1, V)
 }
 
 }  // namespace tinylm::nn

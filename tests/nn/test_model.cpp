@@ -401,3 +401,54 @@ TEST_CASE("parameter_count matches the built model for every option that changes
   huge.options["n_layers"] = "100000000000000000";
   CHECK_THAT(error_message([&] { parameter_count(huge); }), Catch::Contains("more than any model can"));
 }
+
+TEST_CASE("forward_rows decodes rows of different lengths as each decodes alone", "[nn][model][rows]") {
+  torch::manual_seed(5);
+  TransformerLMOptions rotary(30, 10, 16, 4, 2);
+  rotary.positions(PositionEncoding::rotary);
+  rotary.block().attention().n_kv_heads(2);
+  std::vector<LanguageModel> models = {LanguageModel(TinyAttentionLM(TinyAttentionLMOptions(30, 10, 16, 2)).ptr()),
+                                       LanguageModel(TransformerLM(TransformerLMOptions(30, 10, 16, 2, 2)).ptr()),
+                                       LanguageModel(TransformerLM(rotary).ptr())};
+  for (size_t m = 0; m < models.size(); ++m) {
+    auto& model = models[m];
+    INFO("model " << m << ": " << model->architecture().kind);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const std::vector<int64_t> lengths = {3, 1, 6, 9};  // 9: the last position a row can take
+    const auto B = static_cast<int64_t>(lengths.size());
+    // Each row alone: its prompt through forward_cached, then one more token.
+    KVCache rows;
+    rows.lengths = lengths;
+    std::vector<torch::Tensor> expected;
+    const auto next = torch::randint(30, {B, 1}, torch::kLong);
+    for (int64_t b = 0; b < B; ++b) {
+      KVCache own;
+      model->forward_cached(torch::randint(30, {1, lengths[b]}, torch::kLong), own);
+      if (rows.keys.empty())
+        for (const auto& k : own.keys) {
+          auto shape = k.sizes().vec();
+          shape[0] = B, shape[2] = 12;  // room past the longest row
+          rows.keys.push_back(torch::full(shape, 7.0));  // what lies past a row must not matter
+          rows.values.push_back(torch::full(shape, -7.0));
+        }
+      for (size_t l = 0; l < own.keys.size(); ++l) {
+        rows.keys[l][b].narrow(1, 0, lengths[b]).copy_(own.keys[l][0]);
+        rows.values[l][b].narrow(1, 0, lengths[b]).copy_(own.values[l][0]);
+      }
+      expected.push_back(model->forward_cached(next.narrow(0, b, 1), own));
+    }
+    const auto logits = model->forward_rows(next, rows);
+    REQUIRE(logits.sizes() == torch::IntArrayRef({B, 1, 30}));
+    for (int64_t b = 0; b < B; ++b) {
+      INFO("row " << b);
+      CHECK(max_abs_diff(logits.narrow(0, b, 1), expected[b]) < 1e-5);
+    }
+    CHECK(rows.lengths == std::vector<int64_t>({4, 2, 7, 10}));
+    // A row at the context has no room for another token.
+    CHECK_THAT(error_message([&] { model->forward_rows(next, rows); }),
+               Catch::Contains("a row of 10 tokens has no room for another within context_length 10"));
+    CHECK_THAT(error_message([&] { model->forward_rows(next.narrow(0, 0, 2), rows); }),
+               Catch::Contains("forward_rows takes one new token for each of the cache's rows, (4, 1)"));
+  }
+}

@@ -63,6 +63,17 @@ torch::Tensor merge_heads(const torch::Tensor& x);
 torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, bool causal,
                                   double dropout_p = 0.0);
 
+/// Rows of different lengths decoded together, one new token each (continuous batching:
+/// see LanguageModelImpl::forward_rows). Made once per step by decode_rows() and handed to
+/// every layer.
+struct DecodeRows {
+  std::vector<int64_t> lengths;  // each row's tokens before this step: its new token's position
+  torch::Tensor positions;       // the same, (B) int64 on the model's device
+  torch::Tensor allowed;         // (B, 1, 1, span) bool: the cached columns each row's new query sees
+  int64_t span = 0;              // max(lengths) + 1: the columns any row reads
+};
+DecodeRows decode_rows(std::vector<int64_t> lengths, const torch::Device& device);
+
 class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAttentionImpl> {
  public:
   explicit MultiHeadSelfAttentionImpl(const MultiHeadSelfAttentionOptions& options);
@@ -80,6 +91,13 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
   /// hold the earlier ones (undefined when empty) and are extended in place. The new
   /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
+
+  /// One new token for each of B rows of different lengths: x (B, 1, D); keys/values (B,
+  /// Hkv, >= rows.span, Dh) hold row b's earlier tokens in columns [0, rows.lengths[b]).
+  /// Each row's new key and value are written in place at its column lengths[b], and its
+  /// query (at position lengths[b]) sees columns [0, lengths[b]]. Eval only.
+  torch::Tensor forward_rows(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
+                             const DecodeRows& rows);
 
   /// The kernel forward() runs for input x (B, T, D): options.kernel() where it applies,
   /// else the step-by-step path, as options.kernel_policy() decides (KernelPolicy).

@@ -129,6 +129,9 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
 
   /// Incremental decoding through the block (see MultiHeadSelfAttention::forward_cached).
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
+  /// The same for rows of different lengths (see MultiHeadSelfAttention::forward_rows).
+  torch::Tensor forward_rows(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
+                             const DecodeRows& rows);
 
   TransformerBlockOptions options;
   LayerNorm ln1{nullptr};

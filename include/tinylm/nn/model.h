@@ -30,10 +30,14 @@ struct LMOutput {
 };
 
 /// Keys and values of the tokens decoded so far, one pair per attention layer, each
-/// (B, H, length, Dh). Start empty; forward_cached() fills it.
+/// (B, Hkv, length, Dh). Start empty; forward_cached() fills it.
 struct KVCache {
   std::vector<torch::Tensor> keys, values;
   int64_t length = 0;
+  /// Rows of different lengths (continuous batching, forward_rows()): row b's token count;
+  /// keys and values are then (B, Hkv, room, Dh) with row b's tokens in columns
+  /// [0, lengths[b]), room > max(lengths). Empty: every row has `length` tokens.
+  std::vector<int64_t> lengths;
 };
 
 /// What a checkpoint records of a model so that it can be rebuilt without the code that
@@ -62,6 +66,15 @@ class LanguageModelImpl : public torch::nn::Module {
   /// Incremental decoding: logits (B, Tn, V) for new tokens ids (B, Tn) that follow the
   /// cache's; the cache is extended. cache.length + Tn must not exceed the context.
   virtual torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) = 0;
+
+  /// Continuous batching: one new token for each row of a cache whose rows have different
+  /// lengths (cache.lengths; keys and values with room for one more column past the
+  /// longest), ids (B, 1) -> logits (B, 1, V); each row's key and value are written in
+  /// place at its own column, and cache.lengths advance. Row b's logits are those
+  /// forward_cached() gives it alone (to float rounding). The default throws: a model
+  /// without it says so in supports_rows(), and BatchDecoder then decodes its rows one by one.
+  virtual torch::Tensor forward_rows(const torch::Tensor& ids, KVCache& cache);
+  virtual bool supports_rows() const { return false; }
 
   /// Mean next-token cross-entropy (a 0-dim float32 tensor) of ids (B, T) against
   /// targets (B, T) int64, over the positions whose target is not kIgnoreTarget. Training
@@ -177,6 +190,8 @@ class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  torch::Tensor forward_rows(const torch::Tensor& ids, KVCache& cache) override;
+  bool supports_rows() const override { return true; }
   /// The fused whole-model loss where the attention would pick its fused kernel, the
   /// default otherwise.
   torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets) override;
@@ -275,6 +290,8 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  torch::Tensor forward_rows(const torch::Tensor& ids, KVCache& cache) override;
+  bool supports_rows() const override { return true; }
   ModelArchitecture architecture() const override;
   void set_kernel_policy(const KernelPolicy& policy) override;
 
