@@ -115,8 +115,15 @@ Command add_serve(CLI::App& app) {
   cmd->add_flag("--insecure", s.insecure, "allow a non-loopback --host without --api-key");
   cmd->add_option("--cors-origin", o.cors_origin, "send CORS headers allowing this origin (default: none)");
   cmd->add_option("--model-id", o.model_id, "the model's name in the API (default: the checkpoint's file name)");
-  integer(cmd->add_option("--workers", o.workers, "requests using the model at once; 0 = the CPUs"))->capture_default_str();
-  integer(cmd->add_option("--queue", o.queue, "requests waiting for a worker; beyond, 503"))->capture_default_str();
+  integer(cmd->add_option("--workers", o.workers, "attention requests using the model at once; 0 = the CPUs"))
+      ->capture_default_str();
+  integer(cmd->add_option("--max-batch", o.max_batch, "completions decoded together, one forward pass per token"))
+      ->capture_default_str();
+  integer(cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                          "prompt tokens prefilled between two decode steps (bounds everyone's wait)"))
+      ->capture_default_str();
+  integer(cmd->add_option("--queue", o.queue, "requests waiting for a worker or a decode row; beyond, 503"))
+      ->capture_default_str();
   integer(cmd->add_option("--max-connections", o.http.max_connections, "open connections; beyond, 503"))
       ->capture_default_str();
   integer(cmd->add_option("--max-tokens", o.max_tokens, "the largest max_tokens a request may ask"))

@@ -5,9 +5,9 @@
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/generate.h>
 
-#include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <string>
@@ -108,7 +108,7 @@ void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
   const auto& stops = c.stops;
   const bool stream = c.stream, echo = c.echo, include_usage = c.include_usage;
 
-  const auto slot = admit();
+  const auto slot = admit_completion();
   const std::string id = "cmpl-" + std::to_string(next_id++);
   const auto created = static_cast<int64_t>(std::time(nullptr));
   CompletionText text(*run.tokenizer, prompt, stops);
@@ -121,23 +121,38 @@ void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
   };
   if (stream && !res.start_stream("text/event-stream")) return;
   if (stream && echo) res.write_chunk(chunk(prompt_text, nullptr));
-  auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0).to(run.device);
   if (g.max_new_tokens > 0) {
-    generate(*run.model, ids, g, [&](const torch::Tensor& next) {
-      if (!text.add(next.to(torch::kCPU).item<int64_t>())) {
-        finish = "stop";
-        return false;
-      }
-      if (cancelled()) {
-        finish = "cancelled";
-        return false;
-      }
-      if (stream) {
+    // Decoded with every other completion (decode_loop.h); the tokens made while this
+    // thread wrote the last event go out as one event.
+    const auto tokens = decode->submit(prompt, g);
+    std::vector<int64_t> got;
+    bool more = true;
+    while (more) {
+      got.clear();
+      more = tokens->take(got, std::chrono::milliseconds(50));
+      bool ended = false;
+      for (const int64_t id : got)
+        if (!text.add(id)) {
+          finish = "stop";
+          ended = true;
+          break;
+        }
+      if (!ended && cancelled()) finish = "cancelled", ended = true;
+      if (!ended && stream && !got.empty()) {
         const auto piece = text.take(false);
-        if (!piece.empty() && !res.write_chunk(chunk(piece, nullptr))) return false;
+        ended = !piece.empty() && !res.write_chunk(chunk(piece, nullptr));
       }
-      return stream || !res.client_gone();  // a stream learns it from its writes
-    });
+      if (!ended && !stream) ended = res.client_gone();  // a stream learns it from its writes
+      if (ended) {
+        tokens->cancel();
+        break;
+      }
+    }
+    const auto error = tokens->error();
+    if (!more && !error.empty()) {
+      if (!stream) throw Reject{500, error, "server_error"};
+      finish = "error";
+    }
   }
   ++served;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());

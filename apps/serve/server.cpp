@@ -1,7 +1,8 @@
 // `tinylm serve`'s routes: the page, /v1/completions (OpenAI's completions API, streamed as
 // server-sent events on request), /v1/attention, /v1/models, /v1/metrics, /health.
-// Requests that use the model run at most `workers` at once, each with its own generation
-// state (the KV cache lives in generate()); `queue` more wait; beyond that, 503.
+// Completions are decoded together by one decode loop (continuous batching: decode_loop.h),
+// at most `max_batch` at once; attention requests run at most `workers` at once on their
+// own threads; `queue` more of each wait; beyond that, 503.
 #include "server.h"
 
 #include "request.h"
@@ -53,6 +54,8 @@ Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(
   auto& s = *state_;
   if (options.workers <= 0) options.workers = std::max(1u, std::thread::hardware_concurrency());
   TORCH_CHECK(options.queue >= 0, "--queue must be >= 0, got ", options.queue);
+  TORCH_CHECK(options.max_batch >= 1, "--max-batch must be >= 1, got ", options.max_batch);
+  TORCH_CHECK(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got ", options.prefill_chunk);
   TORCH_CHECK(options.max_tokens >= 1, "--max-tokens must be >= 1, got ", options.max_tokens);
   TORCH_CHECK(options.max_prompt_bytes >= 1, "--max-prompt-bytes must be >= 1, got ", options.max_prompt_bytes);
   TORCH_CHECK(options.shutdown_seconds >= 0, "--shutdown-seconds must be >= 0, got ", options.shutdown_seconds);
@@ -64,6 +67,7 @@ Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(
   s.run.model->eval();
   s.model = std::move(card);
   s.options = std::move(options);
+  s.decode = std::make_unique<DecodeLoop>(*s.run.model, BatchDecoderOptions{s.options.max_batch, s.options.prefill_chunk});
   s.http = std::make_unique<HttpServer>(s.options.http,
                                         [&s](const HttpRequest& req, HttpResponder& res) { s.route(req, res); });
   if (!s.options.cors_origin.empty())
@@ -148,12 +152,17 @@ void Server::State::answer(const HttpRequest& req, HttpResponder& res) {
                 "Content-Security-Policy: default-src 'self'; img-src 'self' data:; style-src 'self'"});
     } else if (req.path == "/health") {
       only("GET");
+      const auto batch = decode->stats();
       std::lock_guard<std::mutex> lock(mutex);
       res.send(200, "application/json",
                dump(json{{"status", stopping.load() ? "stopping" : "ok"}, {"model", model.id},
                          {"workers", options.workers}, {"active", active}, {"queued", waiting},
                          {"queue", options.queue}, {"served", served.load()},
-                         {"connections", http->open_connections()}}));
+                         {"connections", http->open_connections()},
+                         {"batch", {{"max", options.max_batch}, {"completions", completing},
+                                    {"decoding", batch.decoding}, {"joining", batch.joining},
+                                    {"last", batch.last_batch}, {"widest", batch.widest}, {"steps", batch.steps},
+                                    {"tokens", batch.batched_tokens}}}}));
     } else if (req.path == "/v1/models") {
       only("GET");
       nlohmann::ordered_json entry = {{"id", model.id}, {"object", "model"}, {"created", model.created},

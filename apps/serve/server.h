@@ -21,8 +21,10 @@ struct ServeOptions {
   int port = 8080;
   std::string api_key;      // required as "Authorization: Bearer KEY" on /v1/ when set
   std::string cors_origin;  // "" = no CORS headers
-  int64_t workers = 0;      // requests using the model at once; 0 = the CPUs
-  int64_t queue = 64;       // requests waiting for a worker; beyond: 503
+  int64_t workers = 0;      // attention requests using the model at once; 0 = the CPUs
+  int64_t max_batch = 64;   // completions decoded together (continuous batching)
+  int64_t prefill_chunk = 64;  // prompt tokens prefilled per decode step
+  int64_t queue = 64;       // requests waiting for a worker or a row; beyond: 503
   int64_t max_tokens = 1024;          // per completion
   int64_t max_prompt_bytes = 64 * 1024;
   int64_t max_attention_cells = 4'000'000;  // layers x heads x T x T in one /v1/attention answer

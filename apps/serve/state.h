@@ -2,6 +2,7 @@
 // options, and the admission of requests to the workers.
 #pragma once
 
+#include "decode_loop.h"
 #include "request.h"
 #include "server.h"
 
@@ -21,10 +22,13 @@ struct Server::State {
   ModelCard model;
   ServeOptions options;
   std::unique_ptr<HttpServer> http;
-  // Admission: `active` requests hold a worker, `waiting` wait for one.
+  /// Every completion is decoded here, together (continuous batching).
+  std::unique_ptr<DecodeLoop> decode;
+  // Admission: `active` attention requests hold a worker, `waiting` wait for one;
+  // `completing` completions are decoding or waiting for a row.
   std::mutex mutex;
   std::condition_variable freed;
-  int64_t active = 0, waiting = 0;
+  int64_t active = 0, waiting = 0, completing = 0;
   std::atomic<uint64_t> served{0}, next_id{1};
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> cancel_at_ns{INT64_MAX};
@@ -52,6 +56,23 @@ struct Server::State {
         --active;
       }
       freed.notify_one();
+    });
+  }
+
+  /// A place for a completion: a row of the decode batch or the queue, or a 503.
+  std::shared_ptr<void> admit_completion() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping.load()) throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
+    if (completing >= options.max_batch + options.queue)
+      throw Reject{503,
+                   "the server is busy: " + std::to_string(completing) + " completions decoding or waiting (--max-batch " +
+                       std::to_string(options.max_batch) + ", --queue " + std::to_string(options.queue) +
+                       "); retry shortly",
+                   "server_busy", {"Retry-After: 1"}};
+    ++completing;
+    return std::shared_ptr<void>(nullptr, [this](void*) {
+      std::lock_guard<std::mutex> l(mutex);
+      --completing;
     });
   }
 
