@@ -123,7 +123,7 @@ void BatchDecoder::decode_rows(std::vector<Token>& out) {
   auto ids = torch::from_blob(next.data(), {B, 1}, torch::kLong).to(device_, false, /*copy=*/true);
   const auto logits = model_.forward_rows(ids, view).select(1, 0);  // (B, V)
   batch_.lengths = view.lengths;
-  last_batch_ = B;
+  last_batch_ += B;
   std::vector<size_t> leaving;
   for (int64_t b = 0; b < B; ++b) {
     Sequence& s = rows_[b];
@@ -140,19 +140,35 @@ void BatchDecoder::decode_rows(std::vector<Token>& out) {
 }
 
 void BatchDecoder::decode_alone(std::vector<Token>& out) {
-  for (size_t i = 0; i < alone_.size();) {
-    Sequence& s = alone_[i];
-    torch::Tensor logits;
-    if (s.cache.length < context_) {  // as generate(): the next position on the cache
-      logits = model_.forward_cached(ids_tensor(&s.tokens.back(), 1, device_), s.cache);
-    } else {  // past the context: the last C tokens read afresh
-      s.cache = nn::KVCache{};
-      const auto n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), context_);
-      logits = model_.forward_cached(ids_tensor(s.tokens.data() + s.tokens.size() - n, n, device_), s.cache);
-    }
-    if (emit(s, logits.select(1, -1), out)) alone_.erase(alone_.begin() + static_cast<std::ptrdiff_t>(i));
-    else ++i;
+  if (alone_.empty()) return;
+  std::vector<bool> done(alone_.size(), false);
+  // Past the context: each reads its last C tokens afresh, as generate() does; all of
+  // them in one pass (every window is C long).
+  std::vector<size_t> windowed;
+  std::vector<int64_t> windows;
+  for (size_t i = 0; i < alone_.size(); ++i) {
+    const Sequence& s = alone_[i];
+    if (s.cache.length < context_) continue;
+    windowed.push_back(i);
+    windows.insert(windows.end(), s.tokens.end() - context_, s.tokens.end());
   }
+  if (!windowed.empty()) {
+    const auto R = static_cast<int64_t>(windowed.size());
+    nn::KVCache fresh;
+    const auto ids = torch::from_blob(windows.data(), {R, context_}, torch::kLong).to(device_, false, /*copy=*/true);
+    const auto logits = model_.forward_cached(ids, fresh).select(1, -1);  // (R, V)
+    for (int64_t r = 0; r < R; ++r) done[windowed[r]] = emit(alone_[windowed[r]], logits.narrow(0, r, 1), out);
+    last_batch_ += R;
+  }
+  // A model without forward_rows: the next position on each one's own cache.
+  for (size_t i = 0; i < alone_.size(); ++i) {
+    Sequence& s = alone_[i];
+    if (s.cache.length >= context_) continue;
+    const auto logits = model_.forward_cached(ids_tensor(&s.tokens.back(), 1, device_), s.cache);
+    done[i] = emit(s, logits.select(1, -1), out);
+  }
+  for (size_t i = alone_.size(); i-- > 0;)
+    if (done[i]) alone_.erase(alone_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 void BatchDecoder::join(Sequence s) {

@@ -55,11 +55,12 @@ class BatchDecoder {
   std::vector<Token> step();
 
   bool idle() const { return joining_.empty() && rows_.empty() && alone_.empty(); }
-  /// Sequences decoding (in the batch, or alone: past the context, or a model without
+  /// Sequences decoding (in the batch, or apart: past the context, or a model without
   /// rows), and queued or being prefilled.
   int64_t decoding() const { return static_cast<int64_t>(rows_.size() + alone_.size()); }
   int64_t joining() const { return static_cast<int64_t>(joining_.size()); }
-  /// Sequences in the last step's batched forward pass (0: it made none).
+  /// Sequences in the last step's batched forward passes: those in the batch, and those
+  /// past the context, whose windows are read together (0: it made none).
   int64_t last_batch() const { return last_batch_; }
 
  private:
@@ -89,7 +90,7 @@ class BatchDecoder {
   int64_t last_batch_ = 0;
   std::deque<Sequence> joining_;
   std::vector<Sequence> rows_;   // the batch: row b is rows_[b]
-  std::vector<Sequence> alone_;  // decoded one at a time
+  std::vector<Sequence> alone_;  // past the context (their windows read together), or without rows
   /// The batch's keys and values (max_batch, Hkv, room, Dh) per layer, row b's tokens in
   /// columns [0, lengths[b]) (supports_rows() models).
   nn::KVCache batch_;
