@@ -498,6 +498,46 @@ void bench_p3(bool quick) {
   emit_value("p3", "identical_tokens", "bool", torch::equal(outputs[0], outputs[1]) ? 1 : 0, config);
 }
 
+/// Continuous batching (BatchDecoder): tokens/s of S sequences decoded together against
+/// generate()'s single stream (what `tinylm sample` runs), on the reference model's shape
+/// (context 12: most of 32 tokens past the context, windows read together) and P2's.
+void bench_decode(bool quick) {
+  struct Shape {
+    const char* name;
+    nn::LanguageModel model;
+  };
+  torch::manual_seed(0);
+  std::vector<Shape> shapes = {
+      {"reference", nn::LanguageModel(nn::TinyAttentionLM(nn::TinyAttentionLMOptions(64, 12, 32, 4)).ptr())},
+      {"p2", nn::LanguageModel(nn::TransformerLM(nn::TransformerLMOptions(256, 128, 256, 8, quick ? 1 : 4)).ptr())}};
+  const int64_t new_tokens = quick ? 8 : 32;
+  for (auto& [name, model] : shapes) {
+    model->eval();
+    const Json config = {{"model", model->architecture().kind}, {"shape", name}, {"context", model->context_length()},
+                         {"prompt", 4}, {"new_tokens", new_tokens}};
+    GenerateOptions o;
+    o.max_new_tokens = new_tokens;
+    o.seed = 1;
+    const auto prompt = torch::randint(model->vocab_size(), {1, 4}, torch::kLong);
+    const auto single = time_per_call([&] { generate(*model, prompt, o); }, 1, quick ? 1 : 5, 1);
+    emit(std::string("decode_") + name + "_single", "generate_tokens_per_s", "tokens/s", static_cast<double>(new_tokens),
+         single, config);
+    const std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + 4);
+    for (int64_t S : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+      const auto batched = time_per_call(
+          [&] {
+            BatchDecoder d(*model, BatchDecoderOptions{S, 64});
+            for (int64_t s = 0; s < S; ++s) d.add(ids, o);
+            while (!d.idle()) d.step();
+          },
+          1, quick ? 1 : 5, 1);
+      const std::string c = std::string("decode_") + name + "_batch_" + std::to_string(S);
+      emit(c, "decode_tokens_per_s", "tokens/s", static_cast<double>(S * new_tokens), batched, config);
+      emit_value(c, "over_single_stream", "x", S * single.median / batched.median, config);
+    }
+  }
+}
+
 void bench_attention(bool quick) {
   struct Size { int64_t B, T, D, H; };
   std::vector<Size> sizes = {{16, 12, 32, 4}, {16, 64, 128, 4}, {16, 128, 256, 8}, {8, 256, 256, 8}};
@@ -1018,9 +1058,10 @@ int run_bench(const BenchArgs& a) {
     std::stringstream ss(a.cases);
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
-                      item == "gemm" || item == "dp" || item == "data" || item == "nanogpt" || item == "arch",
+                      item == "gemm" || item == "dp" || item == "data" || item == "nanogpt" || item == "arch" ||
+                      item == "decode",
                   "unknown bench case '", item,
-                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, arch (comma-separated)");
+                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, arch, decode (comma-separated)");
     }
   }
   // P2's utilisation needs the peak: measure it whenever P2 runs.
@@ -1037,6 +1078,7 @@ int run_bench(const BenchArgs& a) {
   }
   if (wants("nanogpt")) bench_nanogpt(a.quick);
   if (wants("p3")) bench_p3(a.quick);
+  if (wants("decode")) bench_decode(a.quick);
   if (wants("attention")) bench_attention(a.quick);
   if (wants("arch")) bench_architectures(a.quick);
   if (wants("dp")) bench_dp(a.quick);

@@ -5,7 +5,7 @@
 #include <string>
 
 struct BenchArgs {
-  std::string cases = "peak,p1,p2,p3,attention,gemm,dp,data,nanogpt,arch";
+  std::string cases = "peak,p1,p2,p3,attention,gemm,dp,data,nanogpt,arch,decode";
   bool quick = false;       // a smoke run: tiny repetition counts (checks the harness, not speed)
   int64_t threads = 1;
   int64_t memory_steps = 0; // > 0: also train P2 this many steps and report RSS growth

@@ -4,9 +4,13 @@
     clients, measured by wrk (Debian's `wrk`) over keep-alive connections;
   - streamed tokens/s of one client against `tinylm sample` on the same checkpoint;
   - peak RSS of the server after 1,000 and after 10,000 requests (flat: within 10%).
+With --baseline OTHER_TINYLM, the completions are also measured on a server of that build
+(an earlier tinylm), each concurrency on both in turn, and each ratio printed: figures of
+one run, on one machine, minutes apart at most.
 One JSON object per line, then a summary line.
 usage: scripts/bench_serve.py [--tinylm build/release/tinylm] [--checkpoint CKPT|RUN_DIR]
                               [--seconds 10] [--requests 10000] [--workers 0] [--quick]
+                              [--threads 1] [--baseline OTHER_TINYLM]
 Without --checkpoint it trains the reference run into a scratch directory first."""
 import argparse
 import http.client
@@ -31,8 +35,10 @@ p.add_argument("--checkpoint", help="checkpoint or run directory (default: train
 p.add_argument("--seconds", type=float, default=10, help="wrk's duration per concurrency")
 p.add_argument("--requests", type=int, default=10000, help="requests for the memory check")
 p.add_argument("--workers", default="0", help="serve --workers (0 = the CPUs)")
+p.add_argument("--threads", default="1", help="serve --threads, for both builds (intra-op threads)")
 p.add_argument("--stream-tokens", type=int, default=10000, help="tokens of the streamed-speed comparison")
 p.add_argument("--quick", action="store_true", help="a smoke run: 1 s per concurrency, 1,000 requests")
+p.add_argument("--baseline", help="another tinylm build whose completions are measured too, for ratios")
 a = p.parse_args()
 if a.quick:
     a.seconds, a.requests, a.stream_tokens = 1, 1000, 2000
@@ -41,6 +47,8 @@ if not wrk:
     sys.exit("bench_serve: wrk is not installed (scripts/setup.sh installs it: apt-get install wrk)")
 if not os.path.exists(a.tinylm):
     sys.exit("bench_serve: no tinylm at %s: build it, or give --tinylm PATH" % a.tinylm)
+if a.baseline and not os.path.exists(a.baseline):
+    sys.exit("bench_serve: no baseline tinylm at %s" % a.baseline)
 
 work = tempfile.mkdtemp(prefix="bench_serve.")
 try:
@@ -48,8 +56,10 @@ try:
     if not ckpt:
         ckpt = os.path.join(work, "run")
         subprocess.run([a.tinylm, "train", "--out-dir", ckpt], check=True, capture_output=True)
-    srv = Server(a.tinylm, ckpt, "--workers", a.workers, "--queue", "256", "--max-connections", "256",
-                 "--max-tokens", str(max(32, a.stream_tokens)), work=work)
+    serve_flags = ("--workers", a.workers, "--threads", a.threads, "--queue", "256", "--max-connections", "256",
+                   "--max-tokens", str(max(32, a.stream_tokens)))
+    srv = Server(a.tinylm, ckpt, *serve_flags, work=work)
+    base = Server(a.baseline, ckpt, *serve_flags, work=work) if a.baseline else None
     model = srv.request("GET", "/v1/models")[2]["data"][0]
     card = model["card"]
     prompt = "3 4 5" if card["tokenizer"] is None or card["tokenizer"]["kind"] == "ids" else "Once upon a time"
@@ -65,18 +75,31 @@ try:
         v = float(m.group(1))
         return v / 1000 if m.group(2) == "us" else v * 1000 if m.group(2) == "s" else v
 
-    for clients in (1, 8, 64):
+    def completions(server, clients, build):
         out = subprocess.run([wrk, "-t", str(min(clients, 2)), "-c", str(clients), "-d", "%gs" % a.seconds,
-                              "--latency", "-s", script, "http://%s:%d/v1/completions" % (srv.host, srv.port)],
+                              "--latency", "-s", script, "http://%s:%d/v1/completions" % (server.host, server.port)],
                              capture_output=True, text=True, check=True).stdout
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
         p50 = to_ms(re.search(r"\s50%\s+(\S+)", out).group(1))
         p99 = to_ms(re.search(r"\s99%\s+(\S+)", out).group(1))
         errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-        r = {"case": "completions_32_tokens", "clients": clients, "requests_per_s": rps, "p50_ms": p50,
-             "p99_ms": p99, "tokens_per_s": rps * 32, "non_2xx": int(errors.group(1)) if errors else 0}
-        results.append(r)
+        r = {"case": "completions_32_tokens", "build": build, "clients": clients, "requests_per_s": rps,
+             "p50_ms": p50, "p99_ms": p99, "tokens_per_s": rps * 32,
+             "non_2xx": int(errors.group(1)) if errors else 0}
         print(json.dumps(r), flush=True)
+        return r
+
+    for clients in (1, 8, 64):
+        if base:  # the baseline first, then this build, for each concurrency
+            before = completions(base, clients, "baseline")
+        r = completions(srv, clients, "this")
+        results.append(r)
+        if base:
+            print(json.dumps({"case": "completions_over_baseline", "clients": clients,
+                              "requests_per_s_ratio": r["requests_per_s"] / before["requests_per_s"],
+                              "p99_ms": r["p99_ms"], "baseline_p99_ms": before["p99_ms"]}), flush=True)
+    if base:
+        base.stop()
 
     # Streamed tokens/s of one client, and `tinylm sample` making as many tokens (its time
     # less that of making none: process start and loading are not generation).

@@ -13,7 +13,7 @@ namespace tinylm::serve {
 
 bool TokenStream::take(std::vector<int64_t>& out, std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mutex_);
-  ready_.wait_for(lock, wait, [this] { return !tokens_.empty() || over_; });
+  ready_.wait_for(lock, wait, [this] { return (every_token_ && !tokens_.empty()) || over_; });
   out.insert(out.end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
   return !over_;
@@ -30,7 +30,7 @@ void TokenStream::push(int64_t token, bool last) {
     tokens_.push_back(token);
     over_ = over_ || last;
   }
-  ready_.notify_all();
+  if (every_token_ || last) ready_.notify_all();
 }
 
 void TokenStream::fail(const std::string& why) {
@@ -56,8 +56,10 @@ DecodeLoop::~DecodeLoop() {
   for (auto& [id, stream] : streams_) stream->fail("the server is shutting down");
 }
 
-std::shared_ptr<TokenStream> DecodeLoop::submit(std::vector<int64_t> prompt, const GenerateOptions& options) {
+std::shared_ptr<TokenStream> DecodeLoop::submit(std::vector<int64_t> prompt, const GenerateOptions& options,
+                                                bool every_token) {
   auto stream = std::make_shared<TokenStream>();
+  stream->every_token_ = every_token;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     incoming_.push_back({std::move(prompt), options, stream});

@@ -41,6 +41,7 @@ class TokenStream {
   bool over_ = false;
   std::string error_;
   std::atomic<bool> cancelled_{false};
+  bool every_token_ = true;
 };
 
 class DecodeLoop {
@@ -51,8 +52,11 @@ class DecodeLoop {
   DecodeLoop& operator=(const DecodeLoop&) = delete;
 
   /// Queues a sequence (checked as BatchDecoder::add() checks it, on the loop's thread:
-  /// a refusal arrives as the stream's error).
-  std::shared_ptr<TokenStream> submit(std::vector<int64_t> prompt, const GenerateOptions& options);
+  /// a refusal arrives as the stream's error). `every_token`: the reader is woken for each
+  /// token (a stream, stop sequences); else only at the end (its take() waits time out
+  /// meanwhile, for it to look at its client).
+  std::shared_ptr<TokenStream> submit(std::vector<int64_t> prompt, const GenerateOptions& options,
+                                      bool every_token = true);
 
   struct Stats {
     int64_t decoding = 0, joining = 0;  // as the last step left them

@@ -294,8 +294,10 @@ DecodeRows decode_rows(std::vector<int64_t> lengths, const torch::Device& device
   const auto B = static_cast<int64_t>(lengths.size());
   rows.positions = torch::tensor(lengths, torch::kLong);
   // Column j is row b's when j <= lengths[b] (its earlier tokens and the new one).
-  rows.allowed = torch::arange(rows.span, torch::kLong).view({1, rows.span}).le(rows.positions.view({B, 1}));
-  rows.allowed = rows.allowed.view({B, 1, 1, rows.span}).to(device);
+  if (std::any_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n != lengths.front(); })) {
+    rows.allowed = torch::arange(rows.span, torch::kLong).view({1, rows.span}).le(rows.positions.view({B, 1}));
+    rows.allowed = rows.allowed.view({B, 1, 1, rows.span}).to(device);
+  }
   rows.positions = rows.positions.to(device);
   rows.lengths = std::move(lengths);
   return rows;
@@ -314,8 +316,10 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_rows(const torch::Tensor& x, t
   TORCH_CHECK(rows.span <= options.context_length(), "MultiHeadSelfAttention: a row of ", rows.span - 1,
               " cached tokens and a new one exceeds context_length ", options.context_length());
   const KernelPolicy& policy = *options.kernel_policy();
-  auto [q, k, v] = heads_of(linear(x, qkv_proj->weight, qkv_proj->bias, policy), H, Hkv, Dh, 0, 0.0, policy);
-  if (options.rotary_base() > 0) {  // each row at its own position, as alone
+  const bool same_length = !rows.allowed.defined();
+  auto [q, k, v] = heads_of(linear(x, qkv_proj->weight, qkv_proj->bias, policy), H, Hkv, Dh, rows.lengths.front(),
+                            same_length ? options.rotary_base() : 0.0, policy);
+  if (options.rotary_base() > 0 && !same_length) {  // each row at its own position, as alone
     std::vector<torch::Tensor> qs, ks;
     for (int64_t b = 0; b < B; ++b) {
       qs.push_back(rotate_halves(q.narrow(0, b, 1), rows.lengths[b], options.rotary_base(), policy));
@@ -325,9 +329,14 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_rows(const torch::Tensor& x, t
   }
   q = q.transpose(1, 2);                         // (B, H, 1, Dh)
   k = k.transpose(1, 2), v = v.transpose(1, 2);  // (B, Hkv, 1, Dh)
-  const auto column = rows.positions.view({B, 1, 1, 1}).expand({B, Hkv, 1, Dh});
-  keys.scatter_(2, column, k);
-  values.scatter_(2, column, v);
+  if (same_length) {  // one column for every row
+    keys.narrow(2, rows.lengths.front(), 1).copy_(k);
+    values.narrow(2, rows.lengths.front(), 1).copy_(v);
+  } else {
+    const auto column = rows.positions.view({B, 1, 1, 1}).expand({B, Hkv, 1, Dh});
+    keys.scatter_(2, column, k);
+    values.scatter_(2, column, v);
+  }
   auto seen_keys = keys.narrow(2, 0, rows.span), seen_values = values.narrow(2, 0, rows.span);
   if (Hkv != H) {
     seen_keys = seen_keys.repeat_interleave(H / Hkv, /*dim=*/1);

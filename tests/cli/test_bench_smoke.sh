@@ -41,7 +41,10 @@ need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matm
         ("arch_attention_rotary_vs_attention", "time_ratio"), ("arch_attention_gqa2_vs_attention", "time_ratio"),
         ("arch_mlp_swiglu_vs_mlp_gelu", "time_ratio"), ("arch_rms_norm_vs_layer_norm", "time_ratio"),
         ("arch_p2_gpt_style", "steps_per_s"), ("arch_p2_llama_style", "steps_per_s"),
-        ("arch_p2_llama_style_vs_gpt_style", "time_ratio")}
+        ("arch_p2_llama_style_vs_gpt_style", "time_ratio"),
+        ("decode_reference_single", "generate_tokens_per_s"), ("decode_p2_single", "generate_tokens_per_s")}
+need |= {("decode_%s_batch_%d" % (m, s), k) for m in ("reference", "p2") for s in (1, 8, 64)
+         for k in ("decode_tokens_per_s", "over_single_stream")}
 if not skipped:
     need |= {("prepare_bpe", "encode_mb_per_s"), ("prepare_bpe", "tokenizer_training_s")}
 missing = need - seen

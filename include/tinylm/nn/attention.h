@@ -69,7 +69,8 @@ torch::Tensor sdpa_self_attention(const torch::Tensor& qkv, int64_t n_heads, boo
 struct DecodeRows {
   std::vector<int64_t> lengths;  // each row's tokens before this step: its new token's position
   torch::Tensor positions;       // the same, (B) int64 on the model's device
-  torch::Tensor allowed;         // (B, 1, 1, span) bool: the cached columns each row's new query sees
+  torch::Tensor allowed;         // (B, 1, 1, span) bool: the cached columns each row's new query sees;
+                                 // undefined when every row has the same length (it sees them all)
   int64_t span = 0;              // max(lengths) + 1: the columns any row reads
 };
 DecodeRows decode_rows(std::vector<int64_t> lengths, const torch::Device& device);
