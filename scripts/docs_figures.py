@@ -284,6 +284,36 @@ def eval_block(file):
     return render
 
 
+def serve_block(file):
+    """A scripts/bench_serve.py run: completions at 1, 8 and 64 clients (with its baseline
+    build's, and the ratio, where it had one), the streamed speed against `tinylm sample`,
+    and the peak RSS."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        runs = [r for r in records if r.get("case") == "completions_32_tokens"]
+        if not runs:
+            raise Missing(f"docs/figures/{file}.jsonl has no completions record")
+        ratio = {r["clients"]: r["requests_per_s_ratio"] for r in records
+                 if r.get("case") == "completions_over_baseline"}
+        rows = [[r.get("build", "this"), r["clients"], f"**{r['requests_per_s']:.1f}**", f"{r['p50_ms']:.1f} ms",
+                 f"{r['p99_ms']:.1f} ms", grouped(r["tokens_per_s"]), r["non_2xx"],
+                 f"{ratio[r['clients']]:.2f}×" if r.get("build") == "this" and r["clients"] in ratio else ""]
+                for r in runs]
+        text = provenance(meta, meta["command"]) + ":\n\n" + table(
+            ["build", "clients", "requests/s", "p50", "p99", "tokens/s", "errors", "over baseline"], rows)
+        for r in records:
+            if r.get("case") == "streamed_tokens":
+                text += (f"\nStreaming {grouped(r['tokens'])} tokens to one client: {grouped(r['serve_tokens_per_s'])} "
+                         f"tokens/s in {grouped(r['events'])} events, against {grouped(r['sample_tokens_per_s'])} for "
+                         f"`tinylm sample` making as many: **{r['serve_over_sample']:.2f}×**.\n")
+            if r.get("case") == "memory" and r.get("peak_rss_kib_at_1000"):
+                text += (f"\nPeak RSS: {grouped(r['peak_rss_kib_at_1000'])} KiB after 1,000 requests, "
+                         f"{grouped(r['peak_rss_kib_at_end'])} KiB after {grouped(r['requests'])} "
+                         f"({100 * r['growth']:+.1f}%).\n")
+        return text
+    return render
+
+
 def readme_speed_block(ctx):
     meta, _, ratios = pytorch_ratios("pytorch-debian12")
     def r(case):
@@ -317,6 +347,9 @@ BLOCKS = {
     "bench-dp": bench_block("bench-dp", ["dp"]),
     "recipes-fortunes": eval_block("recipes-fortunes"),
     "bench-arch": bench_block("bench-arch", ["arch"]),
+    "bench-decode": bench_block("bench-decode", ["decode"]),
+    "serve-reference": serve_block("serve-reference"),
+    "serve-p2": serve_block("serve-p2"),
 }
 
 
