@@ -69,8 +69,40 @@ bool BatchDecoder::remove(int64_t id) {
   return false;
 }
 
-bool BatchDecoder::emit(Sequence& s, const torch::Tensor& logits, std::vector<Token>& out) {
-  const int64_t token = next_tokens(logits, s.options, s.generator).to(torch::kCPU).item<int64_t>();
+std::vector<int64_t> BatchDecoder::sample(const std::vector<Sequence*>& rows, const torch::Tensor& logits) {
+  // Rows that sample alike share the work: one argmax for the greedy ones, one set of
+  // probabilities for each group of equal settings (row by row the same numbers), then
+  // each row's draw from its own generator, as generate() draws it.
+  const auto R = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> out(R, -1);
+  std::vector<bool> done(R, false);
+  for (int64_t r = 0; r < R; ++r) {
+    if (done[r]) continue;
+    const GenerateOptions& o = rows[r]->options;
+    std::vector<int64_t> group;
+    for (int64_t g = r; g < R; ++g) {
+      const GenerateOptions& p = rows[g]->options;
+      if (!done[g] && p.greedy == o.greedy &&
+          (o.greedy || (p.temperature == o.temperature && p.top_k == o.top_k && p.top_p == o.top_p)))
+        group.push_back(g), done[g] = true;
+    }
+    const auto index = torch::tensor(group, torch::kLong).to(logits.device());
+    const auto part = static_cast<int64_t>(group.size()) == R ? logits : logits.index_select(0, index);
+    if (o.greedy) {
+      const auto best = part.argmax(-1).to(torch::kCPU).contiguous();
+      for (size_t i = 0; i < group.size(); ++i) out[group[i]] = best.data_ptr<int64_t>()[i];
+      continue;
+    }
+    const auto probs = sampling_probabilities(part.to(torch::kCPU), o);  // (G, V)
+    for (size_t i = 0; i < group.size(); ++i)
+      out[group[i]] = torch::multinomial(probs.narrow(0, static_cast<int64_t>(i), 1), 1, /*replacement=*/false,
+                                         rows[group[i]]->generator)
+                          .item<int64_t>();
+  }
+  return out;
+}
+
+bool BatchDecoder::emit(Sequence& s, int64_t token, std::vector<Token>& out) {
   s.tokens.push_back(token);
   ++s.made;
   const bool last = s.made >= s.options.max_new_tokens;
@@ -104,7 +136,7 @@ void BatchDecoder::prefill(std::vector<Token>& out) {
     if (s.prefilled < window) break;  // the rest next step
     Sequence joined = std::move(s);
     joining_.pop_front();
-    if (!emit(joined, logits.select(1, -1), out)) join(std::move(joined));
+    if (!emit(joined, sample({&joined}, logits.select(1, -1)).front(), out)) join(std::move(joined));
   }
 }
 
@@ -124,10 +156,13 @@ void BatchDecoder::decode_rows(std::vector<Token>& out) {
   const auto logits = model_.forward_rows(ids, view).select(1, 0);  // (B, V)
   batch_.lengths = view.lengths;
   last_batch_ += B;
+  std::vector<Sequence*> all;
+  for (auto& s : rows_) all.push_back(&s);
+  const auto tokens = sample(all, logits);
   std::vector<size_t> leaving;
   for (int64_t b = 0; b < B; ++b) {
     Sequence& s = rows_[b];
-    const bool done = emit(s, logits.narrow(0, b, 1), out);
+    const bool done = emit(s, tokens[b], out);
     if (!done && batch_.lengths[b] < context_) continue;
     if (!done) {  // the context is full: from now on the last C tokens are read afresh, alone
       s.cache.length = context_;
@@ -157,7 +192,10 @@ void BatchDecoder::decode_alone(std::vector<Token>& out) {
     nn::KVCache fresh;
     const auto ids = torch::from_blob(windows.data(), {R, context_}, torch::kLong).to(device_, false, /*copy=*/true);
     const auto logits = model_.forward_cached(ids, fresh).select(1, -1);  // (R, V)
-    for (int64_t r = 0; r < R; ++r) done[windowed[r]] = emit(alone_[windowed[r]], logits.narrow(0, r, 1), out);
+    std::vector<Sequence*> seqs;
+    for (size_t i : windowed) seqs.push_back(&alone_[i]);
+    const auto tokens = sample(seqs, logits);
+    for (int64_t r = 0; r < R; ++r) done[windowed[r]] = emit(alone_[windowed[r]], tokens[r], out);
     last_batch_ += R;
   }
   // A model without forward_rows: the next position on each one's own cache.
@@ -165,7 +203,7 @@ void BatchDecoder::decode_alone(std::vector<Token>& out) {
     Sequence& s = alone_[i];
     if (s.cache.length >= context_) continue;
     const auto logits = model_.forward_cached(ids_tensor(&s.tokens.back(), 1, device_), s.cache);
-    done[i] = emit(s, logits.select(1, -1), out);
+    done[i] = emit(s, sample({&s}, logits.select(1, -1)).front(), out);
   }
   for (size_t i = alone_.size(); i-- > 0;)
     if (done[i]) alone_.erase(alone_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -48,12 +48,18 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
   return probs.to(torch::kFloat32);
 }
 
+namespace {
+
+/// The next tokens (B, 1), on logits' device: the most likely with greedy, else drawn on
+/// the CPU from sampling_probabilities() with `generator` (none: LibTorch's global one).
 torch::Tensor next_tokens(const torch::Tensor& logits, const GenerateOptions& options,
                           c10::optional<at::Generator> generator) {
   if (options.greedy) return logits.argmax(-1, /*keepdim=*/true);
   auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
   return torch::multinomial(probs, 1, /*replacement=*/false, generator).to(logits.device());
 }
+
+}  // namespace
 
 torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt,
                        const GenerateOptions& options) {

@@ -73,8 +73,10 @@ class BatchDecoder {
     int64_t made = 0;
     nn::KVCache cache;  // its own: while prefilled, and when decoded alone
   };
-  /// Samples s's next token from its logits (1, V) and reports it; true when s is done.
-  bool emit(Sequence& s, const torch::Tensor& logits, std::vector<Token>& out);
+  /// Each row's next token from its logits (rows, V), as generate() draws it.
+  std::vector<int64_t> sample(const std::vector<Sequence*>& rows, const torch::Tensor& logits);
+  /// Appends s's next token and reports it; true when s is done.
+  bool emit(Sequence& s, int64_t token, std::vector<Token>& out);
   void prefill(std::vector<Token>& out);
   void decode_rows(std::vector<Token>& out);
   void decode_alone(std::vector<Token>& out);

@@ -4,9 +4,6 @@
 
 #include <tinylm/nn/model.h>
 
-#include <ATen/core/Generator.h>
-#include <c10/util/Optional.h>
-
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -58,11 +55,5 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
 /// probabilities (B, V) that sampling draws from: for a caller that samples in a loop
 /// of its own.
 torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options);
-
-/// The next tokens (B, 1), on logits' device, for logits (B, V), as generate() draws them:
-/// the most likely with greedy, else sampled on the CPU from sampling_probabilities() with
-/// `generator` (none: LibTorch's global CPU generator).
-torch::Tensor next_tokens(const torch::Tensor& logits, const GenerateOptions& options,
-                          c10::optional<at::Generator> generator);
 
 }  // namespace tinylm

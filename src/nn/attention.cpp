@@ -342,9 +342,19 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_rows(const torch::Tensor& x, t
     seen_keys = seen_keys.repeat_interleave(H / Hkv, /*dim=*/1);
     seen_values = seen_values.repeat_interleave(H / Hkv, /*dim=*/1);
   }
-  auto weights = attention_weights(q, seen_keys, rows.allowed);          // (B, H, 1, span)
-  auto context = merge_heads(torch::matmul(weights, seen_values));       // (B, 1, D)
-  return linear(context, out_proj->weight, out_proj->bias, policy);
+  torch::Tensor context;  // (B, H, 1, Dh)
+  if (B == 1) {
+    context = torch::matmul(attention_weights(q, seen_keys, rows.allowed), seen_values);
+  } else {
+    // One query per row and head: as broadcast multiply-and-sums, where a batched product
+    // would be B x H calls on single vectors.
+    auto scores = (q * seen_keys).sum(-1).unsqueeze(2) * (1.0 / std::sqrt(static_cast<double>(Dh)));  // (B, H, 1, span)
+    if (rows.allowed.defined())
+      scores = scores.masked_fill(rows.allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    auto weights = torch::softmax(scores, /*dim=*/-1);
+    context = (weights.transpose(-2, -1) * seen_values).sum(2, /*keepdim=*/true);
+  }
+  return linear(merge_heads(context), out_proj->weight, out_proj->bias, policy);  // (B, 1, D)
 }
 
 }  // namespace tinylm::nn
