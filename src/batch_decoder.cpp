@@ -129,14 +129,49 @@ void BatchDecoder::prefill(std::vector<Token>& out) {
   while (budget > 0 && !joining_.empty() && decoding() < options_.max_batch) {
     Sequence& s = joining_.front();
     const auto window = static_cast<int64_t>(s.tokens.size());
-    const int64_t n = std::min(budget, window - s.prefilled);
-    auto logits = model_.forward_cached(ids_tensor(s.tokens.data() + s.prefilled, n, device_), s.cache);
-    s.prefilled += n;
-    budget -= n;
-    if (s.prefilled < window) break;  // the rest next step
-    Sequence joined = std::move(s);
-    joining_.pop_front();
-    if (!emit(joined, sample({&joined}, logits.select(1, -1)).front(), out)) join(std::move(joined));
+    if (s.prefilled > 0 || window > budget) {  // a prompt longer than what is left: a chunk of it
+      const int64_t n = std::min(budget, window - s.prefilled);
+      auto logits = model_.forward_cached(ids_tensor(s.tokens.data() + s.prefilled, n, device_), s.cache);
+      s.prefilled += n;
+      budget -= n;
+      if (s.prefilled < window) break;  // the rest next step
+      Sequence joined = std::move(s);
+      joining_.pop_front();
+      if (!emit(joined, sample({&joined}, logits.select(1, -1)).front(), out)) join(std::move(joined));
+      continue;
+    }
+    // Whole prompts of this length, in the order they came, in one pass while the budget
+    // and the batch's rows allow.
+    std::vector<size_t> group = {0};
+    const int64_t rows_free = options_.max_batch - decoding();
+    for (size_t j = 1; j < joining_.size() && static_cast<int64_t>(group.size()) < rows_free &&
+                       static_cast<int64_t>(group.size() + 1) * window <= budget;
+         ++j)
+      if (joining_[j].prefilled == 0 && static_cast<int64_t>(joining_[j].tokens.size()) == window) group.push_back(j);
+    const auto G = static_cast<int64_t>(group.size());
+    std::vector<int64_t> prompts;
+    for (size_t j : group) prompts.insert(prompts.end(), joining_[j].tokens.begin(), joining_[j].tokens.end());
+    nn::KVCache shared;
+    const auto ids = torch::from_blob(prompts.data(), {G, window}, torch::kLong).to(device_, false, /*copy=*/true);
+    const auto logits = model_.forward_cached(ids, shared).select(1, -1);  // (G, V)
+    budget -= G * window;
+    std::vector<Sequence> joined;
+    for (size_t j : group) joined.push_back(std::move(joining_[j]));
+    for (auto it = group.rbegin(); it != group.rend(); ++it) joining_.erase(joining_.begin() + static_cast<std::ptrdiff_t>(*it));
+    std::vector<Sequence*> seqs;
+    for (int64_t g = 0; g < G; ++g) {
+      Sequence& q = joined[g];
+      q.prefilled = window;
+      q.cache.length = window;
+      for (size_t l = 0; l < shared.keys.size(); ++l) {  // its own row of the pass's cache
+        q.cache.keys.push_back(shared.keys[l].narrow(0, g, 1).clone());
+        q.cache.values.push_back(shared.values[l].narrow(0, g, 1).clone());
+      }
+      seqs.push_back(&q);
+    }
+    const auto tokens = sample(seqs, logits);
+    for (int64_t g = 0; g < G; ++g)
+      if (!emit(joined[g], tokens[g], out)) join(std::move(joined[g]));
   }
 }
 

@@ -228,3 +228,24 @@ TEST_CASE("the decoder refuses what it cannot decode", "[batch_decoder][errors]"
   CHECK(d.step().empty());
   CHECK_FALSE(d.remove(12));
 }
+
+TEST_CASE("prompts of one length arriving together are prefilled in one pass, each as alone", "[batch_decoder]") {
+  auto model = model_of(TransformerLMOptions(40, 16, 32, 4, 2));
+  auto requests = mixed_requests(12, 40, 16, 21);
+  std::mt19937 rng(4);
+  for (auto& r : requests) {  // the same length (5), different tokens and settings, all at once
+    r.prompt.resize(5);
+    for (auto& id : r.prompt) id = static_cast<int64_t>(rng() % 40);
+    r.arrives = 0;
+  }
+  const auto expected = alone(*model, requests);
+  BatchDecoderOptions o;
+  o.prefill_chunk = 64;  // 12 prompts of 5 tokens fit in one step
+  BatchDecoder d(*model, o);
+  for (const auto& r : requests) d.add(r.prompt, r.options);
+  const auto first = d.step();
+  CHECK(first.size() == requests.size());  // every first token from the one prefill step
+  CHECK(d.joining() == 0);
+  const auto run = batched(*model, requests, o);
+  CHECK(run.tokens == expected);
+}
