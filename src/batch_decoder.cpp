@@ -86,8 +86,9 @@ std::vector<int64_t> BatchDecoder::sample(const std::vector<Sequence*>& rows, co
           (o.greedy || (p.temperature == o.temperature && p.top_k == o.top_k && p.top_p == o.top_p)))
         group.push_back(g), done[g] = true;
     }
-    const auto index = torch::tensor(group, torch::kLong).to(logits.device());
-    const auto part = static_cast<int64_t>(group.size()) == R ? logits : logits.index_select(0, index);
+    const auto part = static_cast<int64_t>(group.size()) == R
+                          ? logits
+                          : logits.index_select(0, torch::tensor(group, torch::kLong).to(logits.device()));
     if (o.greedy) {
       const auto best = part.argmax(-1).to(torch::kCPU).contiguous();
       for (size_t i = 0; i < group.size(); ++i) out[group[i]] = best.data_ptr<int64_t>()[i];
