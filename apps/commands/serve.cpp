@@ -131,7 +131,9 @@ Command add_serve(CLI::App& app) {
   integer(cmd->add_option("--max-prompt-bytes", o.max_prompt_bytes, "the longest prompt, in bytes"))
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", o.http.max_body_bytes, "the largest request body")->capture_default_str();
-  cmd->add_option("--request-seconds", o.http.request_seconds, "a request's head and body must arrive within this")
+  cmd->add_option("--request-seconds", o.http.request_seconds,
+                  "a request's head and body must arrive within this, and each response (each event of a stream) "
+                  "must be taken by the client within it")
       ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("--shutdown-seconds", o.shutdown_seconds, "on SIGTERM, cancel what still runs after this")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));

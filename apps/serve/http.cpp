@@ -160,11 +160,24 @@ std::string HttpRequest::header(std::string_view name) const {
 // ---- responses ----------------------------------------------------------------------
 
 bool HttpResponder::write_all(std::string_view data) {
+  // All of `data` (a response, or one event of a stream) must be taken within
+  // write_seconds: a client that reads a byte now and then cannot hold this thread, as it
+  // could where each send() had its own timeout.
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(limits_.write_seconds));
   while (!broken_ && !data.empty()) {
-    const auto n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+    const auto n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      const int ms = ms_until(deadline);
+      const int ready = ms > 0 ? ::poll(&p, 1, ms) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) broken_ = true;  // the deadline passed: the client reads too slowly
+      continue;
+    }
     if (n <= 0) {
-      broken_ = true;  // the client is gone, or read nothing for write_seconds (SO_SNDTIMEO)
+      broken_ = true;  // the client is gone
       break;
     }
     data.remove_prefix(static_cast<size_t>(n));

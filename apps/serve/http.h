@@ -28,7 +28,7 @@ struct HttpLimits {
   size_t max_body_bytes = 1 << 20;
   double request_seconds = 10;         // the whole head and body must arrive within this
   double idle_seconds = 5;             // a kept-alive connection waits this long for the next request
-  double write_seconds = 10;           // a client that reads nothing for this long is dropped
+  double write_seconds = 10;           // each response (each event of a stream) must be taken within this
   int64_t max_connections = 128;       // beyond: 503 and close
 };
 

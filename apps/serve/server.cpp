@@ -67,6 +67,7 @@ Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(
   s.run.model->eval();
   s.model = std::move(card);
   s.options = std::move(options);
+  s.options.http.write_seconds = s.options.http.request_seconds;  // one deadline, both ways
   s.decode = std::make_unique<DecodeLoop>(*s.run.model, BatchDecoderOptions{s.options.max_batch, s.options.prefill_chunk});
   s.http = std::make_unique<HttpServer>(s.options.http,
                                         [&s](const HttpRequest& req, HttpResponder& res) { s.route(req, res); });

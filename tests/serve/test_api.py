@@ -198,6 +198,41 @@ check(b"408" in reply.split(b"\r\n")[0] and time.time() - t0 < 5, "slow loris: %
 check(srv.health()["status"] == "ok", "the server is unwell after the slow clients")
 check(srv.stop() == 0, "SIGTERM did not exit 0")
 
+# A client that reads its stream a byte now and then is dropped once an event waits more
+# than --request-seconds to be taken, and its decode row is freed: it cannot hold the
+# server for the million tokens it asked.
+srv = Server(tinylm, run, "--request-seconds", "1", "--max-tokens", "1000000", work=work)
+slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+slow.connect((srv.host, srv.port))
+body = json.dumps({"prompt": "3 4 5", "max_tokens": 1000000, "stream": True}).encode()
+slow.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+             % len(body) + body)
+reading = [True]
+
+
+def drip():
+    while reading[0]:
+        try:
+            if not slow.recv(1):
+                return
+        except OSError:
+            return
+        time.sleep(0.3)
+
+
+dripper = threading.Thread(target=drip)
+dripper.start()
+t0 = time.time()
+wait_for(lambda: srv.health()["batch"]["decoding"] == 1, 10, "the slow stream to start")
+wait_for(lambda: srv.health()["batch"]["completions"] == 0, 20, "the slow reader to be dropped")
+check(time.time() - t0 < 15, "a slow reader held its stream %.1f s (--request-seconds 1)" % (time.time() - t0))
+reading[0] = False
+slow.close()
+dripper.join(5)
+check(srv.health()["status"] == "ok", "the server is unwell after the slow reader")
+check(srv.stop() == 0, "SIGTERM did not exit 0")
+
 # ---- many clients: the bound, the queue, 503, a client that leaves --------------------------
 srv = Server(tinylm, run, "--max-batch", "1", "--queue", "1", "--max-tokens", "1000000", work=work)
 long_body = json.dumps({"prompt": "3 4 5", "max_tokens": 1000000, "stream": True}).encode()
