@@ -511,7 +511,9 @@ void bench_decode(bool quick) {
       {"reference", nn::LanguageModel(nn::TinyAttentionLM(nn::TinyAttentionLMOptions(64, 12, 32, 4)).ptr())},
       {"p2", nn::LanguageModel(nn::TransformerLM(nn::TransformerLMOptions(256, 128, 256, 8, quick ? 1 : 4)).ptr())}};
   const int64_t new_tokens = quick ? 8 : 32;
-  for (auto& [name, model] : shapes) {
+  for (auto& shape : shapes) {  // (no structured binding: lambdas below capture these)
+    const char* name = shape.name;
+    nn::LanguageModel& model = shape.model;
     model->eval();
     const Json config = {{"model", model->architecture().kind}, {"shape", name}, {"context", model->context_length()},
                          {"prompt", 4}, {"new_tokens", new_tokens}};
