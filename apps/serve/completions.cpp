@@ -129,7 +129,8 @@ void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
     bool more = true;
     while (more) {
       got.clear();
-      more = tokens->take(got, std::chrono::milliseconds(50));
+      // A stream's events hold what came within a millisecond of their first token.
+      more = tokens->take(got, std::chrono::milliseconds(50), std::chrono::microseconds(stream ? 1000 : 0));
       bool ended = false;
       for (const int64_t id : got)
         if (!text.add(id)) {

@@ -11,9 +11,15 @@
 
 namespace tinylm::serve {
 
-bool TokenStream::take(std::vector<int64_t>& out, std::chrono::milliseconds wait) {
+bool TokenStream::take(std::vector<int64_t>& out, std::chrono::milliseconds wait,
+                       std::chrono::microseconds linger) {
   std::unique_lock<std::mutex> lock(mutex_);
   ready_.wait_for(lock, wait, [this] { return (every_token_ && !tokens_.empty()) || over_; });
+  if (linger.count() > 0 && !tokens_.empty() && !over_) {
+    lock.unlock();
+    std::this_thread::sleep_for(linger);
+    lock.lock();
+  }
   out.insert(out.end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
   return !over_;

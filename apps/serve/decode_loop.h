@@ -22,9 +22,12 @@ namespace tinylm::serve {
 /// One request's tokens, from the loop to the thread that answers it.
 class TokenStream {
  public:
-  /// Appends the tokens made since the last call to `out`, waiting up to `wait` for one.
-  /// False once the sequence is over and every token was taken (or it failed: error()).
-  bool take(std::vector<int64_t>& out, std::chrono::milliseconds wait);
+  /// Appends the tokens made since the last call to `out`, waiting up to `wait` for one
+  /// and then `linger` more for those that follow it (fewer, fuller events where tokens
+  /// come faster than that). False once the sequence is over and every token was taken
+  /// (or it failed: error()).
+  bool take(std::vector<int64_t>& out, std::chrono::milliseconds wait,
+            std::chrono::microseconds linger = std::chrono::microseconds(0));
   /// The reader needs no more (a stop sequence, a client gone): the loop drops it.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }

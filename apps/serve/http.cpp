@@ -341,6 +341,10 @@ void HttpServer::run() {
     timeval tv{static_cast<time_t>(limits_.write_seconds),
                static_cast<suseconds_t>((limits_.write_seconds - static_cast<int64_t>(limits_.write_seconds)) * 1e6)};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    // A bounded send buffer (the kernel's autotuning grows it to megabytes): what a client
+    // leaves unread stops the writes within a second or two, and the write deadline applies.
+    const int send_buffer = 256 * 1024;
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     bool admitted = false;
