@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,14 @@ def train(tinylm, work, name="run", *flags):
         r = subprocess.run([tinylm, "train", "--out-dir", out, *flags], capture_output=True, text=True)
         check(r.returncode == 0, "training failed:\n" + r.stdout + r.stderr)
     return out
+
+
+def fresh_run(tinylm, work):
+    """An empty scratch directory `work` (what an earlier run left is removed) holding the
+    reference run; returns the run's directory."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return train(tinylm, work)
 
 
 started = []

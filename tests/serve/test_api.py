@@ -7,7 +7,6 @@ import json
 import os
 import random
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,12 +14,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import Server, check, fail, sse_events, train, wait_for  # noqa: E402
+from serving import Server, check, fresh_run, fail, sse_events, train, wait_for  # noqa: E402
 
 tinylm, work = sys.argv[1], sys.argv[2]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-run = train(tinylm, work)
+run = fresh_run(tinylm, work)
 ckpt = os.path.join(run, "step-00000360.ckpt")
 
 

@@ -5,11 +5,10 @@
 usage: test_openai_client.py path/to/tinylm scratch-dir
 Exits 77 (skipped) where python3-openai is not installed (Debian 12 has no package)."""
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import Server, check, train  # noqa: E402
+from serving import Server, check, fresh_run  # noqa: E402
 
 try:
     import openai
@@ -18,9 +17,7 @@ except ImportError:
     sys.exit(77)
 
 tinylm, work = sys.argv[1], sys.argv[2]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-run = train(tinylm, work)
+run = fresh_run(tinylm, work)
 key = "tinylm-test-key"
 srv = Server(tinylm, run, "--api-key", key, work=work)
 client = openai.OpenAI(base_url="http://%s:%d/v1" % (srv.host, srv.port), api_key=key, max_retries=0)

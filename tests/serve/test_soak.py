@@ -8,18 +8,15 @@ usage: test_soak.py path/to/tinylm scratch-dir"""
 import http.client
 import json
 import os
-import shutil
 import socket
 import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import Server, check, sse_events, train, wait_for  # noqa: E402
+from serving import Server, check, fresh_run, sse_events, wait_for  # noqa: E402
 
 tinylm, work = sys.argv[1], sys.argv[2]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-run = train(tinylm, work)
+run = fresh_run(tinylm, work)
 total = 2000 if os.environ.get("TINYLM_TEST_SMALL") == "1" else 10000
 clients = 64
 
