@@ -164,9 +164,11 @@ void BatchDecoder::prefill(std::vector<Token>& out) {
       Sequence& q = joined[g];
       q.prefilled = window;
       q.cache.length = window;
-      for (size_t l = 0; l < shared.keys.size(); ++l) {  // its own row of the pass's cache
-        q.cache.keys.push_back(shared.keys[l].narrow(0, g, 1).clone());
-        q.cache.values.push_back(shared.values[l].narrow(0, g, 1).clone());
+      // Its row of the pass's cache, a view: join() copies it into the batch (a sequence
+      // decoded apart replaces it at its first step).
+      for (size_t l = 0; l < shared.keys.size(); ++l) {
+        q.cache.keys.push_back(shared.keys[l].narrow(0, g, 1));
+        q.cache.values.push_back(shared.values[l].narrow(0, g, 1));
       }
       seqs.push_back(&q);
     }
