@@ -129,7 +129,8 @@ void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
     bool more = true;
     while (more) {
       got.clear();
-      // A stream's events hold what came within a millisecond of their first token.
+      // A stream sends at most one event a millisecond: its first token at once, then
+      // what came meanwhile (a person cannot see a millisecond; a client pays per event).
       more = tokens->take(got, std::chrono::milliseconds(50), std::chrono::microseconds(stream ? 1000 : 0));
       bool ended = false;
       for (const int64_t id : got)

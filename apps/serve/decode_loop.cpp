@@ -12,14 +12,18 @@
 namespace tinylm::serve {
 
 bool TokenStream::take(std::vector<int64_t>& out, std::chrono::milliseconds wait,
-                       std::chrono::microseconds linger) {
+                       std::chrono::microseconds spacing) {
   std::unique_lock<std::mutex> lock(mutex_);
   ready_.wait_for(lock, wait, [this] { return (every_token_ && !tokens_.empty()) || over_; });
-  if (linger.count() > 0 && !tokens_.empty() && !over_) {
-    lock.unlock();
-    std::this_thread::sleep_for(linger);
-    lock.lock();
+  if (spacing.count() > 0 && !tokens_.empty() && !over_) {
+    const auto due = last_take_ + spacing;
+    if (std::chrono::steady_clock::now() < due) {
+      lock.unlock();
+      std::this_thread::sleep_until(due);
+      lock.lock();
+    }
   }
+  if (!tokens_.empty()) last_take_ = std::chrono::steady_clock::now();
   out.insert(out.end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
   return !over_;

@@ -22,12 +22,13 @@ namespace tinylm::serve {
 /// One request's tokens, from the loop to the thread that answers it.
 class TokenStream {
  public:
-  /// Appends the tokens made since the last call to `out`, waiting up to `wait` for one
-  /// and then `linger` more for those that follow it (fewer, fuller events where tokens
-  /// come faster than that). False once the sequence is over and every token was taken
-  /// (or it failed: error()).
+  /// Appends the tokens made since the last call to `out`, waiting up to `wait` for one.
+  /// `spacing`: a token that comes sooner than that after the previous call's return
+  /// waits out the rest of it, with those that follow (at most one event per spacing
+  /// where tokens come faster; the first token and a slow model's go out at once).
+  /// False once the sequence is over and every token was taken (or it failed: error()).
   bool take(std::vector<int64_t>& out, std::chrono::milliseconds wait,
-            std::chrono::microseconds linger = std::chrono::microseconds(0));
+            std::chrono::microseconds spacing = std::chrono::microseconds(0));
   /// The reader needs no more (a stop sequence, a client gone): the loop drops it.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -45,6 +46,7 @@ class TokenStream {
   std::string error_;
   std::atomic<bool> cancelled_{false};
   bool every_token_ = true;
+  std::chrono::steady_clock::time_point last_take_{};  // when take() last returned tokens
 };
 
 class DecodeLoop {
