@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fuzz targets (fuzz/: checkpoint, torch_file, upgrade, token_file, config,
-# http_request, sentencepiece), built in the sanitizer build (the `asan` preset: clang, ASan + UBSan,
+# http_request, http_connection, sentencepiece), built in the sanitizer build (the `asan` preset: clang, ASan + UBSan,
 # libFuzzer's coverage in the library; the `fuzz` build preset builds only the targets;
 # where scripts/check-sanitizers.sh ran first there is nothing left to build). Each target
 # first runs every file in fuzz/regressions/TARGET once (inputs that once crashed it: they
@@ -19,7 +19,7 @@ seconds=${1:-30}
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file upgrade token_file config http_request sentencepiece)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint torch_file upgrade token_file config http_request http_connection sentencepiece)
 
 phase setup scripts/setup.sh --fuzz
 configure() { cmake --preset asan | sed -n 's/^-- tinylm: /tinylm: /p'; }

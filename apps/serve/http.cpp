@@ -1,10 +1,10 @@
 // The HTTP/1.1 layer of `tinylm serve` (see http.h for what it enforces and why).
-// Over 400 lines on purpose: the whole life of a connection (reading with deadlines, the
-// limits, keep-alive, answers, closing) in one file, so every limit can be read together.
+// Over 400 lines on purpose: the whole life of a connection (accepting, reading with
+// deadlines, the limits, keep-alive, answers, closing) in one file, so every limit can be
+// read together. No LibTorch: errors are std::exceptions.
 #include "http.h"
 
 #include <nlohmann/json.hpp>
-#include <torch/types.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,6 +20,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <system_error>
 #include <thread>
 
 namespace tinylm::serve {
@@ -27,6 +29,11 @@ namespace tinylm::serve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// A misuse of the server or a resource it cannot have: thrown with the reason.
+void require(bool ok, const std::string& why) {
+  if (!ok) throw std::runtime_error(why);
+}
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -201,7 +208,7 @@ std::string HttpResponder::head(int status, std::string_view content_type, const
 
 void HttpResponder::send(int status, std::string_view content_type, std::string_view body,
                          const std::vector<std::string>& extra) {
-  TORCH_CHECK(!responded_, "HttpResponder: a response was already sent");
+  if (responded_) throw std::logic_error("HttpResponder: a response was already sent");
   responded_ = true;
   status_ = status;
   if (status >= 400 && status != 404 && status != 405 && status != 401) keep_alive = false;
@@ -219,7 +226,7 @@ void HttpResponder::error(int status, std::string_view message, std::string_view
 }
 
 bool HttpResponder::start_stream(std::string_view content_type, const std::vector<std::string>& extra) {
-  TORCH_CHECK(!responded_, "HttpResponder: a response was already sent");
+  if (responded_) throw std::logic_error("HttpResponder: a response was already sent");
   responded_ = streaming_ = true;
   status_ = 200;
   auto more = extra;
@@ -251,7 +258,7 @@ bool HttpResponder::client_gone() const {
 // ---- the server -----------------------------------------------------------------------
 
 HttpServer::HttpServer(HttpLimits limits, HttpHandler handler) : limits_(limits), handler_(std::move(handler)) {
-  TORCH_CHECK(::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
+  require(::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) == 0, std::string("cannot create a pipe: ") + std::strerror(errno));
 }
 
 HttpServer::~HttpServer() {
@@ -266,7 +273,7 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::bind(const std::string& host, int port) {
-  TORCH_CHECK(port >= 0 && port <= 65535, "port must be in [0, 65535], got ", port);
+  require(port >= 0 && port <= 65535, "port must be in [0, 65535], got " + std::to_string(port));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -274,8 +281,8 @@ void HttpServer::bind(const std::string& host, int port) {
   addrinfo* found = nullptr;
   const auto service = std::to_string(port);
   const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  TORCH_CHECK(rc == 0 && found, "cannot listen on '", host, "': ", ::gai_strerror(rc),
-              " (give an address such as 127.0.0.1, ::1 or 0.0.0.0)");
+  require(rc == 0 && found, "cannot listen on '" + host + "': " + ::gai_strerror(rc) +
+                               " (give an address such as 127.0.0.1, ::1 or 0.0.0.0)");
   std::string why;
   for (auto* a = found; a; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -295,8 +302,9 @@ void HttpServer::bind(const std::string& host, int port) {
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  TORCH_CHECK(listen_fd_ >= 0, "cannot listen on ", host, ":", port, ": ", why,
-              why == std::strerror(EADDRINUSE) ? " (another program has that port: choose another with --port)" : "");
+  require(listen_fd_ >= 0,
+          "cannot listen on " + host + ":" + std::to_string(port) + ": " + why +
+              (why == std::strerror(EADDRINUSE) ? " (another program has that port: choose another with --port)" : ""));
 }
 
 int64_t HttpServer::open_connections() const {
@@ -311,7 +319,7 @@ void HttpServer::stop() {
 }
 
 void HttpServer::run() {
-  TORCH_CHECK(listen_fd_ >= 0, "HttpServer::run: bind() first");
+  require(listen_fd_ >= 0, "HttpServer::run: bind() first");
   while (!stopping_.load()) {
     pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
     if (::poll(p, 2, -1) < 0) {
@@ -338,32 +346,37 @@ void HttpServer::run() {
       ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
       peer_port = ntohs(a->sin6_port);
     }
-    timeval tv{static_cast<time_t>(limits_.write_seconds),
-               static_cast<suseconds_t>((limits_.write_seconds - static_cast<int64_t>(limits_.write_seconds)) * 1e6)};
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     // A bounded send buffer (the kernel's autotuning grows it to megabytes): what a client
     // leaves unread stops the writes within a second or two, and the write deadline applies.
     const int send_buffer = 256 * 1024;
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    // Admitted: queued for the pool, which gains a thread when none is free (up to the
+    // connection limit, so a queued connection never waits for another to end).
     bool admitted = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (connections_ < limits_.max_connections) {
+        queue_.emplace_back(fd, std::string(host) + ":" + std::to_string(peer_port));
         ++connections_;
         admitted = true;
+        if (static_cast<int64_t>(queue_.size()) > idle_) {
+          try {
+            pool_.emplace_back(&HttpServer::work, this);
+          } catch (const std::system_error&) {  // no thread to be had
+            if (pool_.empty()) {  // and none to come: answered below
+              queue_.pop_back();
+              --connections_;
+              admitted = false;
+            }
+          }
+        }
       }
     }
     if (admitted) {
-      try {
-        std::thread(&HttpServer::serve_connection, this, fd, std::string(host) + ":" + std::to_string(peer_port))
-            .detach();
-        continue;
-      } catch (const std::system_error&) {  // no thread to be had: answered below
-        std::lock_guard<std::mutex> lock(mutex_);
-        --connections_;
-      }
+      queued_.notify_one();
+      continue;
     }
     HttpResponder r(fd, limits_, stopping_);
     r.keep_alive = false;
@@ -374,9 +387,38 @@ void HttpServer::run() {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   all_closed_.wait(lock, [this] { return connections_ == 0; });
+  closing_pool_ = true;
+  queued_.notify_all();
+  auto pool = std::move(pool_);
+  lock.unlock();
+  for (auto& t : pool) t.join();
 }
 
-void HttpServer::serve_connection(int fd, std::string peer) {
+void HttpServer::work() {
+  for (;;) {
+    std::pair<int, std::string> next;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++idle_;
+      queued_.wait(lock, [this] { return !queue_.empty() || closing_pool_; });
+      --idle_;
+      if (queue_.empty()) return;  // closing
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    finish(next.first, next.second);
+  }
+}
+
+void HttpServer::serve(int fd, const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++connections_;
+  }
+  finish(fd, peer);
+}
+
+void HttpServer::finish(int fd, const std::string& peer) {
   try {
     converse(fd, peer);
   } catch (const std::exception&) {
@@ -479,7 +521,8 @@ void HttpServer::converse(int fd, const std::string& peer) {
     if (status == 0 && length > in.size() && lower(req.header("expect")) == "100-continue") {
       if (!r.client_gone()) {
         const std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
-        if (::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL) < 0) break;
+        if (::send(fd, cont.data(), cont.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(cont.size()))
+          break;  // a client that cannot take 25 bytes is not reading
       }
     }
     while (status == 0 && in.size() < length) {

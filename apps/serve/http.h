@@ -1,22 +1,27 @@
-// A small, strict HTTP/1.1 server for `tinylm serve`: one thread per connection up to a
-// bound, a deadline on every request's head and body (a client that drips bytes is
-// answered 408 and closed), limits on the head's size, its header count and the body
-// (431, 413), Content-Length bodies only (411 otherwise), keep-alive, and streamed
-// (chunked) responses that notice a client that went away. Errors are JSON.
+// A small, strict HTTP/1.1 server for `tinylm serve`, a library of its own (the target
+// tinylm_http: no LibTorch): a bounded pool of connection threads, a deadline on every
+// request's head and body (a client that drips bytes is answered 408 and closed) and on
+// every response (one too slow to read is dropped), limits on the head's size, its header
+// count and the body (431, 413), Content-Length bodies only (411 otherwise), keep-alive,
+// pipelining, `Expect: 100-continue`, and streamed (chunked) responses that notice a
+// client that went away. Errors are JSON. tests/http/ drives it over socket pairs;
+// fuzz/fuzz_http_connection.cpp feeds it bytes.
 //
 // Why not cpp-httplib (Debian 12's 0.11): it has no limit on the number of header lines
 // (memory grows while a client keeps sending them) and no deadline for a whole request
 // (a slow-loris client holds a thread for as long as it sends a byte every few seconds),
-// and its compiled build cannot be hooked to add either.
+// and its compiled build cannot be hooked to add either. Why not Boost.Beast: docs/serve.md.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -86,8 +91,14 @@ class HttpServer {
   /// Binds host:port (port 0 = any free port); throws with the reason.
   void bind(const std::string& host, int port);
   int port() const { return port_; }
-  /// Accepts connections until stop(); then waits for the open connections to finish.
+  /// Accepts connections until stop(), each served by a thread of a pool that grows to at
+  /// most max_connections threads (and is kept: a thread serves one connection after
+  /// another); then waits for the open connections to finish and joins the pool.
   void run();
+  /// Serves one connected socket (what each accepted connection gets) on the calling
+  /// thread until either side ends, then closes it. Counted in open_connections(); after
+  /// stop() it answers 503 to a request in progress and closes at the next request.
+  void serve(int fd, const std::string& peer);
   /// Stops accepting; idle connections close at once, requests in flight finish. Safe to
   /// call from any thread.
   void stop();
@@ -97,8 +108,9 @@ class HttpServer {
   std::vector<std::string> common_headers;
 
  private:
-  void serve_connection(int fd, std::string peer);  // converse, then close and count
-  void converse(int fd, const std::string& peer);   // requests and answers until one side ends
+  void converse(int fd, const std::string& peer);  // requests and answers until one side ends
+  void finish(int fd, const std::string& peer);    // converse, then close it and count it gone
+  void work();                                     // a pool thread: connections from the queue
   HttpLimits limits_;
   HttpHandler handler_;
   int listen_fd_ = -1, port_ = 0;
@@ -106,7 +118,13 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   mutable std::mutex mutex_;
   std::condition_variable all_closed_;
-  int64_t connections_ = 0;
+  int64_t connections_ = 0;  // open: served or waiting in queue_
+  // The pool: accepted sockets wait in queue_ for a thread; idle_ threads wait for them.
+  std::condition_variable queued_;
+  std::deque<std::pair<int, std::string>> queue_;
+  std::vector<std::thread> pool_;
+  int64_t idle_ = 0;
+  bool closing_pool_ = false;
 };
 
 /// Parses a request's head (the request line and headers, without the blank line after

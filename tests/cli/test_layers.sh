@@ -45,6 +45,14 @@ t=$checked
 # The core's umbrella header brings in the core alone.
 grep -nE '#include *<tinylm/(config|run)\.h>' include/tinylm/tinylm.h &&
   fail "include/tinylm/tinylm.h (the core's umbrella) includes the run layer (above)"
+# tinylm serve's HTTP layer is a library of its own without LibTorch (the target
+# tinylm_http): it includes neither LibTorch nor tinylm's headers.
+http_layer="apps/serve/http.h apps/serve/http.cpp"
+for f in $http_layer; do
+  [ -f "$f" ] || fail "$f is missing: the HTTP layer's files moved (update this test)"
+  grep -nE '#include *[<"](torch|c10|ATen|tinylm)/' "$f" && fail "$f (the HTTP layer, no LibTorch) includes LibTorch or tinylm (above)"
+  grep -nE 'TORCH_CHECK|c10::' "$f" && fail "$f (the HTTP layer, no LibTorch) uses LibTorch (above): throw a std::exception"
+done
 # The sources of add_library(tinylm ...): up to its closing parenthesis.
 sources=$(awk '/^add_library\(tinylm$/ { inside = 1; next } inside && /^\)/ { exit } inside' CMakeLists.txt)
 [ -n "$sources" ] || fail "CMakeLists.txt: no add_library(tinylm ...) source list found"
@@ -72,6 +80,7 @@ if [ "$failures" -eq 0 ]; then
   echo "ok: no header or .inc file holds a dated figure"
   echo "ok: $long source file(s) over 400 lines, each saying why at its top"
   echo "ok: $n core files include neither tinylm/config.h, tinylm/run.h, tinylm/tinylm.h nor CLI11, and name no RunConfig; the tinylm target compiles no run-layer source"
+  echo "ok: the HTTP layer ($http_layer) includes and uses no LibTorch"
   echo "ok: $t core test files (tests/nn, tests/data, tests/train, tests/internal) include neither tinylm/config.h nor tinylm/run.h, and name no RunConfig"
 fi
 exit $((failures > 0))
