@@ -5,12 +5,13 @@
   - streamed tokens/s of one client against `tinylm sample` on the same checkpoint;
   - peak RSS of the server after 1,000 and after 10,000 requests (flat: within 10%).
 With --baseline OTHER_TINYLM, the completions are also measured on a server of that build
-(an earlier tinylm), each concurrency on both in turn, and each ratio printed: figures of
-one run, on one machine, minutes apart at most.
+(an earlier tinylm), each concurrency --rounds times on both in turn (baseline, this,
+baseline, this, ...), each build's median round kept and the median of the rounds' ratios
+printed: figures of one run, on one machine, minutes apart at most.
 One JSON object per line, then a summary line.
 usage: scripts/bench_serve.py [--tinylm build/release/tinylm] [--checkpoint CKPT|RUN_DIR]
                               [--seconds 10] [--requests 10000] [--workers 0] [--quick]
-                              [--threads 1] [--baseline OTHER_TINYLM]
+                              [--threads 1] [--baseline OTHER_TINYLM [--rounds 3]]
 Without --checkpoint it trains the reference run into a scratch directory first."""
 import argparse
 import http.client
@@ -39,9 +40,10 @@ p.add_argument("--threads", default="1", help="serve --threads, for both builds 
 p.add_argument("--stream-tokens", type=int, default=10000, help="tokens of the streamed-speed comparison")
 p.add_argument("--quick", action="store_true", help="a smoke run: 1 s per concurrency, 1,000 requests")
 p.add_argument("--baseline", help="another tinylm build whose completions are measured too, for ratios")
+p.add_argument("--rounds", type=int, default=3, help="with --baseline: rounds per concurrency on each build, in turn")
 a = p.parse_args()
 if a.quick:
-    a.seconds, a.requests, a.stream_tokens = 1, 1000, 2000
+    a.seconds, a.requests, a.stream_tokens, a.rounds = 1, 1000, 2000, 1
 wrk = shutil.which("wrk")
 if not wrk:
     sys.exit("bench_serve: wrk is not installed (scripts/setup.sh installs it: apt-get install wrk)")
@@ -83,21 +85,37 @@ try:
         p50 = to_ms(re.search(r"\s50%\s+(\S+)", out).group(1))
         p99 = to_ms(re.search(r"\s99%\s+(\S+)", out).group(1))
         errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-        r = {"case": "completions_32_tokens", "build": build, "clients": clients, "requests_per_s": rps,
+        r = {"case": "completions_round", "build": build, "clients": clients, "requests_per_s": rps,
              "p50_ms": p50, "p99_ms": p99, "tokens_per_s": rps * 32,
              "non_2xx": int(errors.group(1)) if errors else 0}
         print(json.dumps(r), flush=True)
         return r
 
+    def median(rows, key):
+        return sorted(rows, key=key)[len(rows) // 2]
+
+    # With a baseline, each concurrency runs --rounds times on both builds in turn (baseline,
+    # this, baseline, this, ...): the rows kept are each build's median round, and the ratio
+    # is the median of the rounds' ratios, which a noisy machine moves less than one pair.
+    rounds = a.rounds if base else 1
     for clients in (1, 8, 64):
-        if base:  # the baseline first, then this build, for each concurrency
-            before = completions(base, clients, "baseline")
-        r = completions(srv, clients, "this")
-        results.append(r)
+        pairs = []
+        for _ in range(rounds):
+            before = completions(base, clients, "baseline") if base else None
+            pairs.append((before, completions(srv, clients, "this")))
+        kept = []
         if base:
-            print(json.dumps({"case": "completions_over_baseline", "clients": clients,
-                              "requests_per_s_ratio": r["requests_per_s"] / before["requests_per_s"],
-                              "p99_ms": r["p99_ms"], "baseline_p99_ms": before["p99_ms"]}), flush=True)
+            kept.append(median([b for b, _ in pairs], lambda x: x["requests_per_s"]))
+        r = median([t for _, t in pairs], lambda x: x["requests_per_s"])
+        kept.append(r)
+        results.append(r)
+        for k in kept:
+            print(json.dumps(dict(k, case="completions_32_tokens", rounds=rounds)), flush=True)
+        if base:
+            ratio = median([t["requests_per_s"] / b["requests_per_s"] for b, t in pairs], lambda x: x)
+            print(json.dumps({"case": "completions_over_baseline", "clients": clients, "rounds": rounds,
+                              "requests_per_s_ratio": ratio, "p99_ms": r["p99_ms"],
+                              "baseline_p99_ms": kept[0]["p99_ms"]}), flush=True)
     if base:
         base.stop()
 
@@ -174,7 +192,7 @@ try:
     status = srv.stop()
     if status != 0:
         sys.exit("bench_serve: serve exited %d after SIGTERM" % status)
-    by = {x["clients"]: x for x in results if x["case"] == "completions_32_tokens"}
+    by = {x["clients"]: x for x in results if "clients" in x}
     print("summary: %s req/s at 1/8/64 clients (p99 %s ms); streamed %.0f tokens/s vs sample %.0f; "
           "peak RSS %d -> %d KiB over %d requests (%+.1f%%)"
           % ("/".join("%.0f" % by[c]["requests_per_s"] for c in (1, 8, 64)),

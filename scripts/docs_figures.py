@@ -299,7 +299,10 @@ def serve_block(file):
                  f"{r['p99_ms']:.1f} ms", grouped(r["tokens_per_s"]), r["non_2xx"],
                  f"{ratio[r['clients']]:.2f}×" if r.get("build") == "this" and r["clients"] in ratio else ""]
                 for r in runs]
-        text = provenance(meta, meta["command"]) + ":\n\n" + table(
+        rounds = max(r.get("rounds", 1) for r in runs)
+        how = (f" (each row its build's median of {rounds} rounds, run in turn with the baseline's; the ratio, "
+               f"the median of the rounds' ratios)" if rounds > 1 else "")
+        text = provenance(meta, meta["command"]) + how + ":\n\n" + table(
             ["build", "clients", "requests/s", "p50", "p99", "tokens/s", "errors", "over baseline"], rows)
         for r in records:
             if r.get("case") == "streamed_tokens":
@@ -350,6 +353,7 @@ BLOCKS = {
     "bench-decode": bench_block("bench-decode", ["decode"]),
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
+    "serve-p2-epyc": serve_block("serve-p2-epyc"),
 }
 
 
