@@ -539,6 +539,32 @@ void bench_decode(bool quick) {
       emit(c, "decode_tokens_per_s", "tokens/s", static_cast<double>(S * new_tokens), batched, config);
       emit_value(c, "over_single_stream", "x", S * single.median / batched.median, config);
     }
+    // Where the widest batch's time goes, by op family (as bench_ops does for training).
+    double wall = 0;
+    std::map<std::string, double> seconds;
+    std::map<std::string, std::map<std::string, double>> by_op;
+    {
+      BatchDecoder d(*model, BatchDecoderOptions{64, 64});
+      for (int64_t s = 0; s < 64; ++s) d.add(ids, o);
+      cli::OpProfile profile;
+      const auto start = Clock::now();
+      while (!d.idle()) d.step();
+      wall = std::chrono::duration<double>(Clock::now() - start).count();
+      seconds = profile.seconds();
+      by_op = profile.seconds_by_op();
+    }
+    for (const auto& [family, s] : seconds) {
+      std::vector<std::pair<double, std::string>> ops;
+      for (const auto& [op, t] : by_op[family]) ops.push_back({t, op});
+      std::sort(ops.rbegin(), ops.rend());
+      Json top = Json::array();
+      for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
+        top.push_back({ops[i].second, rounded(1e3 * ops[i].first)});
+      Json cfg = config;
+      cfg["top_ops_ms"] = top;
+      emit_value(std::string("decode_") + name + "_batch_64_ops_" + family, "share", "fraction of the decode", s / wall,
+                 cfg);
+    }
   }
 }
 

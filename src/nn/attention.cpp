@@ -329,6 +329,13 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_rows(const torch::Tensor& x, t
   }
   q = q.transpose(1, 2);                         // (B, H, 1, Dh)
   k = k.transpose(1, 2), v = v.transpose(1, 2);  // (B, Hkv, 1, Dh)
+  // tinylm's loops where they apply: each row's new key and value written at its own
+  // position, and each row and head attending over its own cached positions (no mask, no
+  // copies of grouped-query heads).
+  if (B > 1 && !torch::GradMode::is_enabled() && keys.is_contiguous() && values.is_contiguous() &&
+      kernel_for(x, false, false) == AttentionKernel::fused)
+    return linear(merge_heads(decode_rows_attention(q, k, v, keys, values, rows.lengths)), out_proj->weight,
+                  out_proj->bias, policy);  // (B, 1, D)
   if (same_length) {  // one column for every row
     keys.narrow(2, rows.lengths.front(), 1).copy_(k);
     values.narrow(2, rows.lengths.front(), 1).copy_(v);

@@ -111,4 +111,43 @@ torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bo
   return outputs[0];
 }
 
+torch::Tensor decode_rows_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    torch::Tensor& keys, torch::Tensor& values, const std::vector<int64_t>& lengths) {
+  const auto B = static_cast<int64_t>(lengths.size());
+  TORCH_CHECK(q.dim() == 4 && q.size(0) == B && q.size(2) == 1 && keys.dim() == 4 && keys.size(0) == B &&
+                  keys.size(3) == q.size(3) && values.sizes() == keys.sizes() && q.size(1) % keys.size(1) == 0 &&
+                  k.dim() == 4 && k.size(0) == B && k.size(1) == keys.size(1) && k.size(2) == 1 &&
+                  k.size(3) == q.size(3) && v.sizes() == k.sizes(),
+              "decode_rows_attention: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), ", keys ", keys.sizes(),
+              ", values ", values.sizes(), " for ", B, " rows");
+  for (const torch::Tensor* t : std::array<const torch::Tensor*, 5>{&q, &k, &v, &keys, &values})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->device().is_cpu(),
+                "decode_rows_attention: float32 CPU tensors, got ", t->scalar_type(), " on ", t->device());
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "decode_rows_attention: the cache must be contiguous");
+  const int64_t H = q.size(1), Hkv = keys.size(1), capacity = keys.size(2), Dh = q.size(3);
+  for (const int64_t n : lengths)
+    TORCH_CHECK(n >= 0 && n < capacity, "decode_rows_attention: a row of ", n, " cached tokens in a cache of ",
+                capacity);
+  RECORD_USER_SCOPE("tinylm::decode_attention");
+  count_attention_products(false);
+  const auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  auto out = torch::empty_like(qc);
+  const auto& table = cpu::table();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  float* K = keys.data_ptr<float>();
+  float* V = values.data_ptr<float>();
+  at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t at = ((b * Hkv + h) * capacity + lengths[b]) * Dh, from = (b * Hkv + h) * Dh;
+        std::copy_n(kc.data_ptr<float>() + from, Dh, K + at);
+        std::copy_n(vc.data_ptr<float>() + from, Dh, V + at);
+      }
+    std::vector<float> scores(static_cast<size_t>(capacity));
+    table.decode_attention(qc.data_ptr<float>(), K, V, out.data_ptr<float>(), lengths.data(), begin, end, H, Hkv,
+                           capacity, Dh, scale, scores.data());
+  });
+  return out;
+}
+
 }  // namespace tinylm::nn

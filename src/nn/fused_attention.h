@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace tinylm::nn {
 
@@ -23,5 +24,14 @@ torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bo
 
 /// Whether fused_self_attention can take this input (CPU, float32, rank 3).
 bool fused_attention_supported(const torch::Tensor& qkv);
+
+/// Rows decoded together (continuous batching), one new token each, on tinylm's loops:
+/// writes each row's new key and value (k, v: (B, Hkv, 1, Dh)) into keys and values
+/// (B, Hkv, capacity, Dh; contiguous) at position lengths[b], then returns (B, H, 1, Dh):
+/// softmax(q kᵀ / sqrt(Dh)) v per row and head over the row's first lengths[b] + 1
+/// positions (grouped-query heads share theirs). q (B, H, 1, Dh). Float32 on the CPU,
+/// no autograd.
+torch::Tensor decode_rows_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    torch::Tensor& keys, torch::Tensor& values, const std::vector<int64_t>& lengths);
 
 }  // namespace tinylm::nn

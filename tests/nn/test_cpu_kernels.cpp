@@ -266,3 +266,29 @@ TEST_CASE("GELU's loops match the formulas in float64, both forms, value and slo
     if (i % 3 != 0) differing += (y1[i] != y2[i]) + (d1[i] != d2[i]);
   CHECK(differing == 0);
 }
+
+TEST_CASE("the decode loops attend each row over its own cached positions, as LibTorch does",
+          "[nn][attention][rows]") {
+  const auto* table = GENERATE(from_range(runnable_tables()));
+  const int64_t Dh = GENERATE(8, 12, 32, 40);
+  const int64_t Hkv = GENERATE(1, 2), H = 4;
+  INFO(table->isa << " Dh " << Dh << " Hkv " << Hkv);
+  torch::manual_seed(Dh + Hkv);
+  const std::vector<int64_t> lengths = {0, 5, 2, 10};  // 10: the last position of a cache of 11
+  const auto B = static_cast<int64_t>(lengths.size());
+  const int64_t capacity = 11;
+  auto q = torch::randn({B, H, Dh}), keys = torch::randn({B, Hkv, capacity, Dh}), values = torch::randn({B, Hkv, capacity, Dh});
+  auto out = torch::full({B, H, Dh}, 99.0f);
+  std::vector<float> scores(capacity);
+  table->decode_attention(q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), out.data_ptr<float>(),
+                          lengths.data(), 0, B, H, Hkv, capacity, Dh, 1.0f / std::sqrt(static_cast<float>(Dh)),
+                          scores.data());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      INFO("row " << b << " head " << h);
+      const auto K = keys[b][h / (H / Hkv)].narrow(0, 0, lengths[b] + 1).to(torch::kDouble);
+      const auto V = values[b][h / (H / Hkv)].narrow(0, 0, lengths[b] + 1).to(torch::kDouble);
+      const auto w = torch::softmax(K.matmul(q[b][h].to(torch::kDouble)) / std::sqrt(static_cast<double>(Dh)), 0);
+      CHECK((out[b][h].to(torch::kDouble) - w.matmul(V)).abs().max().item<double>() < 1e-5);
+    }
+}

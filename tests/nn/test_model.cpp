@@ -2,6 +2,7 @@
 #include "../test_util.h"
 
 #include <tinylm/data/tasks.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/model.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -407,9 +408,14 @@ TEST_CASE("forward_rows decodes rows of different lengths as each decodes alone"
   TransformerLMOptions rotary(30, 10, 16, 4, 2);
   rotary.positions(PositionEncoding::rotary);
   rotary.block().attention().n_kv_heads(2);
+  // Rows of several lengths go through tinylm's loops on the CPU (the automatic kernel)
+  // and through LibTorch's operations (the plain one): both as alone.
+  auto rotary_plain = rotary;
+  rotary_plain.block().attention().kernel(AttentionKernel::plain);
   std::vector<LanguageModel> models = {LanguageModel(TinyAttentionLM(TinyAttentionLMOptions(30, 10, 16, 2)).ptr()),
                                        LanguageModel(TransformerLM(TransformerLMOptions(30, 10, 16, 2, 2)).ptr()),
-                                       LanguageModel(TransformerLM(rotary).ptr())};
+                                       LanguageModel(TransformerLM(rotary).ptr()),
+                                       LanguageModel(TransformerLM(rotary_plain).ptr())};
   for (size_t m = 0; m < models.size(); ++m) {
     auto& model = models[m];
     INFO("model " << m << ": " << model->architecture().kind);
@@ -438,8 +444,11 @@ TEST_CASE("forward_rows decodes rows of different lengths as each decodes alone"
       }
       expected.push_back(model->forward_cached(next.narrow(0, b, 1), own));
     }
+    const auto before = kernel_counts();
     const auto logits = model->forward_rows(next, rows);
     REQUIRE(logits.sizes() == torch::IntArrayRef({B, 1, 30}));
+    if (m == 1 || m == 2) CHECK((kernel_counts() - before).attention_loops == 2);  // a pass per layer
+    if (m == 3) CHECK((kernel_counts() - before).attention_loops == 0);
     for (int64_t b = 0; b < B; ++b) {
       INFO("row " << b);
       CHECK(max_abs_diff(logits.narrow(0, b, 1), expected[b]) < 1e-5);

@@ -96,6 +96,14 @@ struct KernelTable {
   /// AdamW decays, 0 elsewhere); m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
   /// p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
   void (*adam_step)(float* p, const float* g, float* m, float* v, const float* d, int64_t n, const AdamStep& s);
+  /// One new query per row over that row's cache (rows decoded together), for rows
+  /// [b_begin, b_end): out[b, h] = softmax(scale K_b,g q[b, h]) V_b,g over the first
+  /// lengths[b] + 1 cached positions, g = h / (H / Hkv) (grouped-query heads share theirs).
+  /// q and out (B, H, Dh), keys and values (B, Hkv, capacity, Dh), all contiguous.
+  /// `scores` holds capacity floats (per thread).
+  void (*decode_attention)(const float* q, const float* keys, const float* values, float* out,
+                           const int64_t* lengths, int64_t b_begin, int64_t b_end, int64_t H, int64_t Hkv,
+                           int64_t capacity, int64_t Dh, float scale, float* scores);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
