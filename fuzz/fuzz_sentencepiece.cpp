@@ -5,7 +5,7 @@
 // used to encode and decode. A crash or a sanitizer report inside SentencePiece is a
 // model the check let through: a finding.
 #include "data/sentencepiece/model_check.h"
-#include "protobuf_writer.h"
+#include "internal/protobuf.h"
 
 #include <sentencepiece_processor.h>
 
@@ -34,8 +34,8 @@ namespace {
 // their last NUL, now and then a loop (a node whose children are an ancestor's) or a
 // damaged unit; sometimes a chain of user-defined pieces that start one another.
 
-using tinylm::fuzz::field;
-using tinylm::fuzz::number_field;
+using tinylm::internal::protobuf::field;
+using tinylm::internal::protobuf::number_field;
 
 /// The top-level fields of `proto` other than the normalizer and denormalizer specs, or
 /// "" when it does not parse.

@@ -8,8 +8,9 @@
 #                                compare tinylm with PyTorch), python3-matplotlib (the plot
 #                                script), chromium, chromium-driver and python3-selenium
 #                                (tinylm serve's page in a headless browser), wrk (its
-#                                benchmark), python3-openai where packaged (Debian 13:
-#                                OpenAI's client)
+#                                benchmark), python3-onnx (ONNX's checker), and where
+#                                packaged (Debian 13) python3-openai (OpenAI's client)
+#                                and python3-onnxruntime (ONNX Runtime)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
 #   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
@@ -58,9 +59,11 @@ fi
 packages+=(cmake ninja-build g++ libopenblas0-pthread libcli11-dev libspdlog-dev catch2
            libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libblas-dev "${extra[@]}")
 if [ "$test" = 1 ]; then
-  packages+=("${tests[@]}" python3-matplotlib chromium chromium-driver python3-selenium wrk)
-  # OpenAI's Python client, for tinylm serve's client test: packaged from Debian 13 on.
+  packages+=("${tests[@]}" python3-matplotlib chromium chromium-driver python3-selenium wrk python3-onnx)
+  # OpenAI's Python client, for tinylm serve's client test, and ONNX Runtime, for the ONNX
+  # export test: packaged from Debian 13 on.
   if apt-cache show python3-openai > /dev/null 2>&1; then packages+=(python3-openai); fi
+  if apt-cache show python3-onnxruntime > /dev/null 2>&1; then packages+=(python3-onnxruntime); fi
 fi
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.

@@ -16,7 +16,6 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -130,15 +129,7 @@ std::vector<std::string> export_nanogpt(const train::Checkpoint& ck, const std::
     for (const auto& r : fit.refusals) why += (why.empty() ? "" : "; ") + r;
     TORCH_CHECK(false, "cannot export '", ck.path, "' for nanoGPT: ", why);
   }
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  TORCH_CHECK(!fs::exists(status) || (overwrite && fs::is_regular_file(status)), "'", path, "' ",
-              fs::is_regular_file(status) ? "already exists: choose another path, or overwrite it on purpose"
-                                          : "exists and is not a regular file: choose another path");
-  const auto parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-  TORCH_CHECK(fs::is_directory(parent, ec), "cannot write '", path, "': directory '", parent.string(),
-              "' does not exist");
+  internal::check_output_path(path, overwrite);
 
   const auto o = nn::transformer_options(ck.architecture);
   const bool bias = o.block().attention().bias(), norm_bias = o.block().norm().bias();

@@ -1,9 +1,16 @@
-// tinylm export CKPT --out FILE.pt: a checkpoint's model as nanoGPT's ckpt.pt.
+// tinylm export CKPT --out FILE: a checkpoint's model as nanoGPT's ckpt.pt (--format
+// pytorch) or as an ONNX graph (--format onnx).
 #include "../command.h"
 
 #include <tinylm/interop.h>
 #include <tinylm/log.h>
+#include <tinylm/onnx.h>
+#include <tinylm/run.h>
+#include <tinylm/version.h>
 
+#include <nlohmann/json.hpp>
+
+#include <map>
 #include <memory>
 #include <string>
 
@@ -16,16 +23,45 @@ struct ExportArgs {
   bool overwrite = false;
 };
 
+/// The ONNX file's metadata_props: what the model is and how its ids are made.
+std::map<std::string, std::string> onnx_metadata(const InferenceRun& run) {
+  const auto& ck = run.checkpoint;
+  nlohmann::json options(ck.architecture.options);
+  std::map<std::string, std::string> m = {
+      {"tinylm.kind", ck.architecture.kind},
+      {"tinylm.architecture_version", std::to_string(ck.architecture.version)},
+      {"tinylm.architecture", options.dump()},
+      {"tinylm.step", std::to_string(ck.state.step)},
+      {"tinylm.context_length", std::to_string(run.model->context_length())},
+      {"tinylm.vocab_size", std::to_string(run.model->vocab_size())},
+      {"tinylm.version", TINYLM_VERSION_STRING}};
+  return m;
+}
+
 int run_export(const ExportArgs& a) {
-  TORCH_CHECK(a.format == "pytorch", "--format must be pytorch (nanoGPT's checkpoint layout), got '",
-              a.format, "'");
+  TORCH_CHECK(a.format == "pytorch" || a.format == "onnx",
+              "--format must be pytorch (nanoGPT's checkpoint layout) or onnx, got '", a.format, "'");
   TORCH_CHECK(!a.out.empty(), "--out must name a file");
-  const auto ck = open_checkpoint(a.checkpoint);
-  const auto notes = interop::export_nanogpt(ck, a.out, a.overwrite);
-  for (const auto& note : notes) logger()->warn("note: {}", note);
-  logger()->info("wrote {}: step {}, {} parameters with nanoGPT's names; in Python: "
-                 "GPT(GPTConfig(**ck['model_args'])).load_state_dict(ck['model'])",
-                 a.out, ck.state.step, ck.parameter_names.size());
+  if (a.format == "pytorch") {
+    const auto ck = open_checkpoint(a.checkpoint);
+    const auto notes = interop::export_nanogpt(ck, a.out, a.overwrite);
+    for (const auto& note : notes) logger()->warn("note: {}", note);
+    logger()->info("wrote {}: step {}, {} parameters with nanoGPT's names; in Python: "
+                   "GPT(GPTConfig(**ck['model_args'])).load_state_dict(ck['model'])",
+                   a.out, ck.state.step, ck.parameter_names.size());
+    return 0;
+  }
+  // ONNX: the model as inference builds it (sizes checked before allocating); refused
+  // where ONNX export does not cover it.
+  auto run = open_for_inference(open_checkpoint(a.checkpoint));
+  const auto refusal = interop::onnx_refusal(*run.model);
+  TORCH_CHECK(refusal.empty(), "cannot export '", run.checkpoint.path, "' as ONNX: ", refusal);
+  run.model->eval();
+  const auto written = interop::export_onnx(*run.model, a.out, onnx_metadata(run), a.overwrite, run.tokenizer.get());
+  logger()->info("wrote {}: ONNX opset {}, input_ids (batch, sequence <= {}) int64 -> logits (batch, sequence, {}) "
+                 "float32; step {}{}",
+                 a.out, interop::kOnnxOpset, run.model->context_length(), run.model->vocab_size(),
+                 run.checkpoint.state.step, written.size() > 1 ? "; its SentencePiece model: " + written[1] : "");
   return 0;
 }
 
@@ -34,11 +70,12 @@ int run_export(const ExportArgs& a) {
 Command add_export(CLI::App& app) {
   auto args = std::make_shared<ExportArgs>();
   ExportArgs& export_args = *args;
-  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model for PyTorch (nanoGPT's GPT)");
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model for PyTorch (nanoGPT's GPT) or as ONNX");
   export_cmd->add_option("checkpoint", export_args.checkpoint, "checkpoint file or run directory")->required();
-  export_cmd->add_option("--out", export_args.out, "the file to write (.pt)")->required();
+  export_cmd->add_option("--out", export_args.out, "the file to write (.pt, .onnx)")->required();
   export_cmd->add_option("--format", export_args.format,
-                         "pytorch: nanoGPT's ckpt.pt (state dict with its names, model_args)")
+                         "pytorch: nanoGPT's ckpt.pt (state dict with its names, model_args); onnx: an ONNX "
+                         "graph (docs/export.md)")
       ->capture_default_str();
   export_cmd->add_flag("--overwrite", export_args.overwrite, "replace --out if it exists");
 

@@ -11,6 +11,7 @@
 #include <tinylm/error.h>
 #include <tinylm/generate.h>
 #include <tinylm/interop.h>
+#include <tinylm/onnx.h>
 #include <tinylm/nn/attention.h>
 #include <tinylm/nn/block.h>
 #include <tinylm/nn/cpu_kernels.h>

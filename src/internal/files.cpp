@@ -150,6 +150,18 @@ void AtomicFile::commit() {
   }
 }
 
+void check_output_path(const std::string& path, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  TORCH_CHECK(!fs::exists(status) || (overwrite && fs::is_regular_file(status)), "'", path, "' ",
+              fs::is_regular_file(status) ? "already exists: choose another path, or overwrite it on purpose"
+                                          : "exists and is not a regular file: choose another path");
+  const auto parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  TORCH_CHECK(fs::is_directory(parent, ec), "cannot write '", path, "': directory '", parent.string(),
+              "' does not exist");
+}
+
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {
   AtomicFile file(path, what);
   file.write(bytes.data(), bytes.size());

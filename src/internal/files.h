@@ -45,4 +45,8 @@ class AtomicFile {
 /// `what` names the file in errors ("checkpoint").
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);
 
+/// Refuses, with one line, a path about to be written that exists (unless `overwrite` and
+/// it is a regular file) or whose directory does not exist: checked before the work.
+void check_output_path(const std::string& path, bool overwrite);
+
 }  // namespace tinylm::internal

@@ -166,7 +166,18 @@ done
 out=$("$tinylm" export llama/best.ckpt --out llama.pt 2>&1) && fail "llama-style export exited 0"
 grep -qF "its attention shares key/value heads" <<<"$out" || fail "llama-style export: $out"
 [ -e llama.pt ] && fail "llama-style export wrote llama.pt"
-echo "ok   a rotary, RMSNorm, SwiGLU, grouped-query model trains, inspects, evaluates, samples; export refuses it"
+# ... which ONNX takes (tests/python/onnx_export.py checks the graphs' numbers), once.
+"$tinylm" export llama/best.ckpt --format onnx --out llama.onnx > llama-onnx.txt 2>&1 ||
+  fail "llama-style ONNX export: $(tail -2 llama-onnx.txt)"
+grep -qF "wrote llama.onnx: ONNX opset 17" llama-onnx.txt || fail "llama-style ONNX export: $(cat llama-onnx.txt)"
+[ "$(head -c 2 llama.onnx | od -An -tx1 | tr -d ' ')" = 0808 ] || fail "llama.onnx does not start as a ModelProto"
+cp llama.onnx llama-first.onnx
+out=$("$tinylm" export llama/best.ckpt --format onnx --out llama.onnx 2>&1) && fail "ONNX export over a file exited 0"
+grep -qF "already exists" <<<"$out" || fail "ONNX export over a file: $out"
+cmp -s llama.onnx llama-first.onnx || fail "a refused ONNX export changed llama.onnx"
+out=$("$tinylm" export llama/best.ckpt --format web --out llama.html 2>&1) && fail "--format web exited 0"
+grep -qF "must be pytorch" <<<"$out" || fail "--format web: $out"
+echo "ok   a rotary, RMSNorm, SwiGLU, grouped-query model trains, inspects, evaluates, samples; nanoGPT export refuses it, ONNX takes it"
 
 refused "missing" "missing.ckpt" missing.ckpt
 refused "not a regular file" "/dev/null" /dev/null

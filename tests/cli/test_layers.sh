@@ -15,9 +15,9 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 core=$(ls src/nn/*.cpp src/nn/*.h src/nn/cpu/*.cpp src/nn/cpu/*.h src/data/*.cpp src/data/sentencepiece/*.cpp \
           src/data/sentencepiece/*.h src/train/*.cpp src/train/*.h src/interop/*.cpp src/interop/*.h \
-          src/internal/*.cpp src/internal/*.h src/generate.cpp src/batch_decoder.cpp src/report.cpp src/threads.cpp src/interop.cpp src/log.cpp \
+          src/internal/*.cpp src/internal/*.h src/onnx.cpp src/generate.cpp src/batch_decoder.cpp src/report.cpp src/threads.cpp src/interop.cpp src/log.cpp \
           include/tinylm/nn/*.h include/tinylm/data/*.h include/tinylm/train/*.h include/tinylm/generate.h include/tinylm/batch_decoder.h \
-          include/tinylm/interop.h include/tinylm/report.h include/tinylm/threads.h include/tinylm/log.h \
+          include/tinylm/interop.h include/tinylm/onnx.h include/tinylm/report.h include/tinylm/threads.h include/tinylm/log.h \
           include/tinylm/version.h include/tinylm/spec.h src/spec.cpp 2>/dev/null)
 # no_run_layer WHAT PATTERN ADVICE FILE...: no file includes what PATTERN matches or
 # names RunConfig; sets `checked` to the number of files looked at.

@@ -9,7 +9,7 @@
 #include <tinylm/nn/model.h>
 #include <tinylm/train/checkpoint.h>
 
-#include "../../fuzz/protobuf_writer.h"
+#include "internal/protobuf.h"
 #include "data/sentencepiece/model_check.h"
 #include "internal/text.h"
 
@@ -121,8 +121,8 @@ namespace wire {
 
 // A few protobuf wire-format helpers, to damage SentencePiece models the way a bad file
 // would.
-using tinylm::fuzz::field;
-using tinylm::fuzz::number_field;
+using tinylm::internal::protobuf::field;
+using tinylm::internal::protobuf::number_field;
 uint64_t read_varint(const std::string& s, size_t& i) {
   uint64_t v = 0;
   for (int shift = 0;; shift += 7) {

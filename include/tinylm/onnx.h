@@ -1,0 +1,37 @@
+// A model as an ONNX graph: the same forward pass, to run where ONNX Runtime runs (a
+// service in another language, a phone, a web page). Written by tinylm itself (no protobuf
+// or ONNX library at build time); docs/export.md has the graph's inputs, outputs and ops.
+#pragma once
+
+#include <tinylm/data/tokenizer.h>
+#include <tinylm/nn/model.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tinylm::interop {
+
+/// The ONNX opset the graphs use (ONNX 1.12 and later read it: LayerNormalization came in 17).
+constexpr int64_t kOnnxOpset = 17;
+
+/// Why ONNX export does not cover this model ("" when it does): every TinyAttentionLM
+/// and TransformerLM option is covered; another kind (a program's own) is not.
+std::string onnx_refusal(const nn::LanguageModelImpl& model);
+
+/// The model's forward pass as a serialized ONNX ModelProto (opset kOnnxOpset): input
+/// `input_ids` int64 (batch, sequence), sequence at most the context length; output
+/// `logits` float32 (batch, sequence, vocab); the weights as initializers under their
+/// tinylm names; `metadata` in metadata_props. Throws, naming it, on what onnx_refusal
+/// names.
+std::string onnx_model(nn::LanguageModelImpl& model, const std::map<std::string, std::string>& metadata = {});
+
+/// Writes onnx_model(model, metadata) to `path` atomically; an existing file is refused
+/// unless `overwrite`. With a SentencePiece `tokenizer`, its model is written beside, as
+/// `path` + ".sentencepiece.model" (named in the metadata as tinylm.tokenizer_file); both
+/// paths are checked before either is written. Returns the files written.
+std::vector<std::string> export_onnx(nn::LanguageModelImpl& model, const std::string& path,
+                                     std::map<std::string, std::string> metadata = {}, bool overwrite = false,
+                                     const data::Tokenizer* tokenizer = nullptr);
+
+}  // namespace tinylm::interop

@@ -1,0 +1,351 @@
+// ONNX export (tinylm/onnx.h): the forward pass of MultiHeadSelfAttention, TransformerBlock,
+// TinyAttentionLM and TransformerLM written as ONNX nodes, op for op as those modules
+// compute it, with the ModelProto serialized by internal/protobuf.h from onnx.proto's
+// field numbers (ONNX 1.12's schema; later versions only add fields).
+#include <tinylm/onnx.h>
+
+#include <tinylm/nn/attention.h>
+#include <tinylm/nn/block.h>
+#include <tinylm/nn/embedding.h>
+#include <tinylm/version.h>
+
+#include "internal/files.h"
+#include "internal/protobuf.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace tinylm::interop {
+
+namespace {
+
+namespace pb = internal::protobuf;
+
+// onnx.proto's field numbers, message by message.
+namespace model_f { constexpr uint64_t ir_version = 1, producer_name = 2, producer_version = 3, doc_string = 6,
+                    graph = 7, opset_import = 8, metadata_props = 14; }
+namespace graph_f { constexpr uint64_t node = 1, name = 2, initializer = 5, input = 11, output = 12; }
+namespace node_f { constexpr uint64_t input = 1, output = 2, name = 3, op_type = 4, attribute = 5; }
+namespace attr_f { constexpr uint64_t name = 1, f = 2, i = 3, ints = 8, type = 20; }
+namespace attr_type { constexpr uint64_t FLOAT = 1, INT = 2, INTS = 7; }
+namespace tensor_f { constexpr uint64_t dims = 1, data_type = 2, name = 8, raw_data = 9; }
+namespace dtype { constexpr uint64_t FLOAT = 1, INT64 = 7; }
+constexpr int64_t kIrVersion = 8;  // what opset 17 came with (ONNX 1.12)
+
+std::string attr_int(const std::string& name, int64_t v) {
+  return pb::field(node_f::attribute, pb::field(attr_f::name, name) + pb::number_field(attr_f::type, attr_type::INT) +
+                                          pb::number_field(attr_f::i, static_cast<uint64_t>(v)));
+}
+std::string attr_float(const std::string& name, float v) {
+  return pb::field(node_f::attribute, pb::field(attr_f::name, name) +
+                                          pb::number_field(attr_f::type, attr_type::FLOAT) + pb::float_field(attr_f::f, v));
+}
+std::string attr_ints(const std::string& name, const std::vector<int64_t>& v) {
+  std::string a = pb::field(attr_f::name, name) + pb::number_field(attr_f::type, attr_type::INTS);
+  for (const int64_t x : v) a += pb::number_field(attr_f::ints, static_cast<uint64_t>(x));
+  return pb::field(node_f::attribute, a);
+}
+
+/// A tensor's bytes, little-endian as ONNX's raw_data is (what x86-64 and arm64 hold).
+std::string tensor_proto(const std::string& name, const torch::Tensor& t) {
+  const auto c = t.detach().to(torch::kCPU).contiguous();
+  TORCH_CHECK(c.scalar_type() == torch::kFloat || c.scalar_type() == torch::kLong,
+              "ONNX export: tensor '", name, "' is ", c.scalar_type(), " (float32 and int64 are written)");
+  std::string out;
+  for (const int64_t d : c.sizes()) out += pb::number_field(tensor_f::dims, static_cast<uint64_t>(d));
+  out += pb::number_field(tensor_f::data_type, c.scalar_type() == torch::kFloat ? dtype::FLOAT : dtype::INT64);
+  out += pb::field(tensor_f::name, name);
+  out += pb::field(tensor_f::raw_data,
+                   std::string_view(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size()));
+  return out;
+}
+
+/// A graph input or output: name, element type, dimensions (a name for a dynamic one).
+std::string value_info(const std::string& name, uint64_t elem_type, const std::vector<std::string>& dims) {
+  std::string shape;
+  for (const auto& d : dims) {
+    const bool number = !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+    shape += pb::field(1, number ? pb::number_field(1, std::stoull(d)) : pb::field(2, d));  // Dimension
+  }
+  const std::string tensor_type = pb::number_field(1, elem_type) + pb::field(2, shape);
+  return pb::field(1, name) + pb::field(2, pb::field(1, tensor_type));  // ValueInfoProto{name, TypeProto{tensor}}
+}
+
+/// The nodes and initializers of one graph, each node's output named for its op.
+class Graph {
+ public:
+  /// One node; returns its outputs' names.
+  std::vector<std::string> node(const std::string& op, const std::vector<std::string>& inputs,
+                                const std::string& attributes = "", int outputs = 1, const std::string& named = "") {
+    std::string n;
+    for (const auto& i : inputs) n += pb::field(node_f::input, i);
+    std::vector<std::string> names;
+    for (int o = 0; o < outputs; ++o) {
+      names.push_back(!named.empty() ? named : op + "_" + std::to_string(count_) + (outputs > 1 ? "_" + std::to_string(o) : ""));
+      n += pb::field(node_f::output, names.back());
+    }
+    n += pb::field(node_f::name, op + "_" + std::to_string(count_++));
+    n += pb::field(node_f::op_type, op);
+    n += attributes;
+    nodes_ += pb::field(graph_f::node, n);
+    return names;
+  }
+  std::string op(const std::string& op, const std::vector<std::string>& inputs, const std::string& attributes = "") {
+    return node(op, inputs, attributes).front();
+  }
+  /// A weight (or table) under its own name.
+  std::string weight(const std::string& name, const torch::Tensor& t) {
+    if (named_.insert(name).second) initializers_ += pb::field(graph_f::initializer, tensor_proto(name, t));
+    return name;  // a tensor used twice (the tied head) is stored once
+  }
+  /// A constant: int64 values or one float.
+  std::string ints(const std::vector<int64_t>& v) {
+    return weight("const_" + std::to_string(constants_++), torch::tensor(v, torch::kLong));
+  }
+  std::string scalar(float v) { return weight("const_" + std::to_string(constants_++), torch::tensor({v})); }
+
+  std::string bytes(const std::string& name, const std::string& inputs, const std::string& outputs) const {
+    return pb::field(graph_f::name, name) + nodes_ + initializers_ + inputs + outputs;
+  }
+
+ private:
+  std::string nodes_, initializers_;
+  std::set<std::string> named_;
+  int64_t count_ = 0, constants_ = 0;
+};
+
+/// Writes a model's forward pass: the parts are shared by the two kinds.
+class Writer {
+ public:
+  Writer(Graph& g, const std::map<std::string, torch::Tensor>& params, int64_t context)
+      : g_(g), params_(params), context_(context) {}
+
+  const torch::Tensor& param(const std::string& name) const {
+    const auto it = params_.find(name);
+    TORCH_CHECK(it != params_.end(), "ONNX export: the model has no parameter '", name, "'");
+    return it->second;
+  }
+  std::string weight(const std::string& name) { return g_.weight(name, param(name)); }
+
+  /// The sequence length (1,) int64, and [0].
+  void begin(const std::string& ids) {
+    zero_ = g_.ints({0});
+    seq_ = g_.op("Slice", {g_.op("Shape", {ids}), g_.ints({1}), g_.ints({2}), zero_});
+  }
+  /// The first T rows of a (C, ...) table.
+  std::string first_rows(const std::string& table) { return g_.op("Slice", {table, zero_, seq_, zero_}); }
+
+  /// x Wᵀ (+ b), as torch::nn::Linear computes it.
+  std::string linear(const std::string& x, const std::string& prefix, bool bias) {
+    auto y = g_.op("MatMul", {x, g_.op("Transpose", {weight(prefix + ".weight")}, attr_ints("perm", {1, 0}))});
+    return bias ? g_.op("Add", {y, weight(prefix + ".bias")}) : y;
+  }
+  bool has(const std::string& name) const { return params_.count(name) > 0; }
+
+  std::string norm(const std::string& x, const std::string& prefix, const nn::LayerNormOptions& o) {
+    const int64_t D = o.d_model();
+    const bool gain = has(prefix + ".weight"), bias = has(prefix + ".bias");
+    if (o.kind() == nn::NormKind::layer_norm) {
+      std::vector<std::string> in = {x, gain ? weight(prefix + ".weight") : g_.weight(prefix + ".ones", torch::ones({D}))};
+      if (bias) in.push_back(weight(prefix + ".bias"));
+      return g_.op("LayerNormalization", in, attr_int("axis", -1) + attr_float("epsilon", static_cast<float>(o.eps())));
+    }
+    // RMSNorm: x / sqrt(mean(x²) + eps), then the gain and bias.
+    auto ms = g_.op("ReduceMean", {g_.op("Mul", {x, x})}, attr_ints("axes", {-1}) + attr_int("keepdims", 1));
+    auto y = g_.op("Div", {x, g_.op("Sqrt", {g_.op("Add", {ms, g_.scalar(static_cast<float>(o.eps()))})})});
+    if (gain) y = g_.op("Mul", {y, weight(prefix + ".weight")});
+    return bias ? g_.op("Add", {y, weight(prefix + ".bias")}) : y;
+  }
+
+  /// (B, T, heads, Dh) rotated by position, halves (a, b) -> (a cos - b sin, b cos + a sin).
+  std::string rotate(const std::string& x, int64_t Dh, double base) {
+    const int64_t half = Dh / 2;
+    if (!rotary_cos_.count(base)) {  // the angles as rotary.cpp makes them: in double, then float
+      auto inv_freq = torch::pow(base, torch::arange(half, torch::kDouble) * (-2.0 / static_cast<double>(2 * half)));
+      auto a = torch::arange(context_, torch::kDouble).unsqueeze(1) * inv_freq.unsqueeze(0);  // (C, half)
+      const auto tag = "rotary_" + std::to_string(rotary_cos_.size());
+      auto axis = g_.ints({1});
+      rotary_cos_[base] = g_.op("Unsqueeze", {first_rows(g_.weight(tag + ".cos", a.cos().to(torch::kFloat))), axis});
+      rotary_sin_[base] = g_.op("Unsqueeze", {first_rows(g_.weight(tag + ".sin", a.sin().to(torch::kFloat))), axis});
+    }
+    const auto& c = rotary_cos_[base];
+    const auto& s = rotary_sin_[base];
+    auto halves = g_.node("Split", {x, g_.ints({half, half})}, attr_int("axis", 3), 2);
+    const auto& a = halves[0];
+    const auto& b = halves[1];
+    return g_.op("Concat", {g_.op("Sub", {g_.op("Mul", {a, c}), g_.op("Mul", {b, s})}),
+                            g_.op("Add", {g_.op("Mul", {b, c}), g_.op("Mul", {a, s})})},
+                 attr_int("axis", 3));
+  }
+
+  /// MultiHeadSelfAttention's forward: (B, T, D) -> (B, T, D).
+  std::string attention(const std::string& x, const std::string& prefix, const nn::MultiHeadSelfAttentionImpl& m) {
+    const auto& o = m.options;
+    const int64_t D = o.d_model(), H = o.n_heads(), Hkv = m.n_kv_heads(), Dh = m.d_head();
+    const bool bias = has(prefix + ".qkv_proj.bias");
+    auto qkv = linear(x, prefix + ".qkv_proj", bias);
+    auto parts = g_.node("Split", {qkv, g_.ints({D, Hkv * Dh, Hkv * Dh})}, attr_int("axis", 2), 3);
+    auto q = g_.op("Reshape", {parts[0], g_.ints({0, 0, H, Dh})});    // (B, T, H, Dh)
+    auto k = g_.op("Reshape", {parts[1], g_.ints({0, 0, Hkv, Dh})});  // (B, T, Hkv, Dh)
+    auto v = g_.op("Reshape", {parts[2], g_.ints({0, 0, Hkv, Dh})});
+    if (o.rotary_base() > 0) {
+      q = rotate(q, Dh, o.rotary_base());
+      k = rotate(k, Dh, o.rotary_base());
+    }
+    const auto heads_first = attr_ints("perm", {0, 2, 1, 3});
+    q = g_.op("Transpose", {q}, heads_first);  // (B, H, T, Dh)
+    k = g_.op("Transpose", {k}, heads_first);  // (B, Hkv, T, Dh)
+    v = g_.op("Transpose", {v}, heads_first);
+    if (Hkv != H) {  // each key/value head serves H / Hkv query heads, in order
+      const auto repeat = [&](const std::string& t) {
+        auto wide = g_.op("Expand", {g_.op("Unsqueeze", {t, g_.ints({2})}), g_.ints({1, 1, H / Hkv, 1, 1})});
+        return g_.op("Reshape", {wide, g_.ints({0, H, -1, Dh})});
+      };
+      k = repeat(k), v = repeat(v);
+    }
+    auto scores = g_.op("Mul", {g_.op("MatMul", {q, g_.op("Transpose", {k}, attr_ints("perm", {0, 1, 3, 2}))}),
+                                g_.scalar(static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh))))});
+    if (o.causal()) scores = g_.op("Add", {scores, causal_mask()});
+    auto weights = g_.op("Softmax", {scores}, attr_int("axis", -1));
+    auto context = g_.op("Transpose", {g_.op("MatMul", {weights, v})}, heads_first);  // (B, T, H, Dh)
+    return linear(g_.op("Reshape", {context, g_.ints({0, 0, D})}), prefix + ".out_proj", bias);
+  }
+
+  std::string feed_forward(const std::string& x, const std::string& prefix, const nn::FeedForwardImpl& m) {
+    const bool bias = has(prefix + ".fc.bias");
+    auto a = linear(x, prefix + ".fc", bias);
+    std::string h;
+    switch (m.options.activation()) {
+      case nn::Activation::swiglu: {
+        const int64_t F = m.hidden();
+        auto gate_up = g_.node("Split", {a, g_.ints({F, F})}, attr_int("axis", -1), 2);
+        h = g_.op("Mul", {g_.op("Mul", {gate_up[0], g_.op("Sigmoid", {gate_up[0]})}), gate_up[1]});
+        break;
+      }
+      case nn::Activation::gelu: {  // x Φ(x) = 0.5 x (1 + erf(x / sqrt 2))
+        auto erf = g_.op("Erf", {g_.op("Mul", {a, g_.scalar(static_cast<float>(1.0 / std::sqrt(2.0)))})});
+        h = g_.op("Mul", {g_.op("Mul", {a, g_.scalar(0.5f)}), g_.op("Add", {erf, g_.scalar(1.0f)})});
+        break;
+      }
+      case nn::Activation::gelu_tanh: {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))
+        auto cube = g_.op("Mul", {g_.op("Mul", {a, a}), a});
+        auto inner = g_.op("Mul", {g_.op("Add", {a, g_.op("Mul", {cube, g_.scalar(0.044715f)})}),
+                                   g_.scalar(static_cast<float>(std::sqrt(2.0 / std::acos(-1.0))))});
+        h = g_.op("Mul", {g_.op("Mul", {a, g_.scalar(0.5f)}), g_.op("Add", {g_.op("Tanh", {inner}), g_.scalar(1.0f)})});
+        break;
+      }
+    }
+    return linear(h, prefix + ".proj", bias);
+  }
+
+ private:
+  /// (T, T): 0 where a query may look, -inf past it.
+  const std::string& causal_mask() {
+    if (mask_.empty()) {
+      auto m = torch::full({context_, context_}, -std::numeric_limits<float>::infinity()).triu(1);
+      auto table = g_.weight("causal_mask", m);
+      mask_ = g_.op("Slice", {table, g_.ints({0, 0}), g_.op("Concat", {seq_, seq_}, attr_int("axis", 0)),
+                              g_.ints({0, 1})});
+    }
+    return mask_;
+  }
+
+  Graph& g_;
+  const std::map<std::string, torch::Tensor>& params_;
+  int64_t context_;
+  std::string zero_, seq_, mask_;
+  std::map<double, std::string> rotary_cos_, rotary_sin_;
+};
+
+}  // namespace
+
+std::string onnx_refusal(const nn::LanguageModelImpl& model) {
+  if (dynamic_cast<const nn::TinyAttentionLMImpl*>(&model) || dynamic_cast<const nn::TransformerLMImpl*>(&model))
+    return "";
+  return "ONNX export covers the kinds 'tiny' and 'transformer', not '" + model.architecture().kind + "'";
+}
+
+std::string onnx_model(nn::LanguageModelImpl& model, const std::map<std::string, std::string>& metadata) {
+  const auto refusal = onnx_refusal(model);
+  TORCH_CHECK(refusal.empty(), refusal);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
+  const int64_t C = model.context_length(), V = model.vocab_size();
+  Graph g;
+  Writer w(g, params, C);
+  const std::string ids = "input_ids";
+  w.begin(ids);
+  std::string logits;
+  if (auto* tiny = dynamic_cast<nn::TinyAttentionLMImpl*>(&model)) {
+    torch::NoGradGuard no_grad;
+    auto x = g.op("Gather", {w.weight("token_embedding.weight"), ids});  // (B, T, D)
+    x = g.op("Add", {x, w.first_rows(g.weight("sinusoidal_positions.table", tiny->sinusoidal_positions(C)))});
+    logits = w.linear(w.attention(x, "attention", *tiny->attention), "lm_head", true);
+  } else {
+    auto& t = dynamic_cast<nn::TransformerLMImpl&>(model);
+    torch::NoGradGuard no_grad;
+    auto x = g.op("Gather", {w.weight("token_embedding.weight"), ids});
+    if (t.learned_positions) x = g.op("Add", {x, w.first_rows(w.weight("learned_positions.weight"))});
+    if (t.sinusoidal_positions)
+      x = g.op("Add", {x, w.first_rows(g.weight("sinusoidal_positions.table", t.sinusoidal_positions(C)))});
+    for (size_t l = 0; l < t.blocks->size(); ++l) {
+      const auto& block = *t.blocks[l]->as<nn::TransformerBlock>();
+      const std::string p = "blocks." + std::to_string(l);
+      const auto& norm = block.options.norm();
+      if (block.options.pre_ln()) {  // h = x + attn(ln1(x)); x = h + mlp(ln2(h))
+        auto h = g.op("Add", {x, w.attention(w.norm(x, p + ".ln1", norm), p + ".attn", *block.attn)});
+        x = g.op("Add", {h, w.feed_forward(w.norm(h, p + ".ln2", norm), p + ".mlp", *block.mlp)});
+      } else {  // h = ln1(x + attn(x)); x = ln2(h + mlp(h))
+        auto h = w.norm(g.op("Add", {x, w.attention(x, p + ".attn", *block.attn)}), p + ".ln1", norm);
+        x = w.norm(g.op("Add", {h, w.feed_forward(h, p + ".mlp", *block.mlp)}), p + ".ln2", norm);
+      }
+    }
+    x = w.norm(x, "ln_f", t.options.block().norm());
+    const std::string head = t.options.tie_weights() ? "token_embedding.weight" : "lm_head.weight";
+    logits = g.op("MatMul", {x, g.op("Transpose", {w.weight(head)}, attr_ints("perm", {1, 0}))});
+  }
+  logits = g.node("Identity", {logits}, "", 1, "logits").front();
+  const auto inputs = pb::field(graph_f::input, value_info(ids, dtype::INT64, {"batch", "sequence"}));
+  const auto outputs = pb::field(graph_f::output, value_info(logits, dtype::FLOAT, {"batch", "sequence", std::to_string(V)}));
+  const auto graph = g.bytes(model.architecture().kind, inputs, outputs);
+
+  std::string m = pb::number_field(model_f::ir_version, kIrVersion);
+  m += pb::field(model_f::producer_name, "tinylm");
+  m += pb::field(model_f::producer_version, TINYLM_VERSION_STRING);
+  m += pb::field(model_f::doc_string, "A tinylm '" + model.architecture().kind +
+                                          "' language model: input_ids (batch, sequence <= " + std::to_string(C) +
+                                          ") int64 -> logits (batch, sequence, " + std::to_string(V) + ") float32");
+  m += pb::field(model_f::graph, graph);
+  m += pb::field(model_f::opset_import, pb::field(1, "") + pb::number_field(2, kOnnxOpset));
+  for (const auto& [key, value] : metadata) m += pb::field(model_f::metadata_props, pb::field(1, key) + pb::field(2, value));
+  return m;
+}
+
+std::vector<std::string> export_onnx(nn::LanguageModelImpl& model, const std::string& path,
+                                     std::map<std::string, std::string> metadata, bool overwrite,
+                                     const data::Tokenizer* tokenizer) {
+  const bool sentencepiece = tokenizer && tokenizer->kind() == "sentencepiece";
+  const std::string tokenizer_path = path + ".sentencepiece.model";
+  internal::check_output_path(path, overwrite);
+  if (sentencepiece) internal::check_output_path(tokenizer_path, overwrite);
+  if (tokenizer) metadata["tinylm.tokenizer"] = tokenizer->kind();
+  if (sentencepiece) metadata["tinylm.tokenizer_file"] = std::filesystem::path(tokenizer_path).filename().string();
+  const auto bytes = onnx_model(model, metadata);  // before anything is written: it may refuse
+  std::vector<std::string> written;
+  if (sentencepiece) {
+    internal::write_file_atomically(tokenizer_path, tokenizer->model_bytes(), "SentencePiece model");
+    written.push_back(tokenizer_path);
+  }
+  internal::write_file_atomically(path, bytes, "ONNX model");
+  written.insert(written.begin(), path);
+  return written;
+}
+
+}  // namespace tinylm::interop
