@@ -391,6 +391,17 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   std::filesystem::remove_all(c.trainer.out_dir());
 }
 
+/// An op family's five largest ops, [name, ms per repetition] (seconds over `reps`).
+Json top_ops_ms(const std::map<std::string, double>& seconds_by_op, int64_t reps) {
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, t] : seconds_by_op) ops.push_back({t, op});
+  std::sort(ops.rbegin(), ops.rend());
+  Json top = Json::array();
+  for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
+    top.push_back({ops[i].second, rounded(1e3 * ops[i].first / static_cast<double>(reps))});
+  return top;
+}
+
 /// Where a training step's time goes: each op family's share of the wall time of `steps`
 /// training steps (self time of the ops, see op_profile.h), printed as `<name>_ops_<family>`;
 /// "untimed" is the rest (the step's own code between ops).
@@ -417,14 +428,7 @@ void bench_ops(const std::string& name, const RunConfig& c, bool quick) {
     timed += s;
     Json cfg = config;
     cfg["ms_per_step"] = rounded(1e3 * s / steps);
-    // The family's five largest ops, ms per step.
-    std::vector<std::pair<double, std::string>> ops;
-    for (const auto& [op, t] : by_op[family]) ops.push_back({t, op});
-    std::sort(ops.rbegin(), ops.rend());
-    Json top = Json::array();
-    for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
-      top.push_back({ops[i].second, rounded(1e3 * ops[i].first / steps)});
-    cfg["top_ops_ms"] = top;
+    cfg["top_ops_ms"] = top_ops_ms(by_op[family], steps);  // the family's five largest, ms per step
     emit_value(name + "_ops_" + family, "share", "fraction of the step", s / wall, cfg);
   }
   Json cfg = config;
@@ -554,14 +558,8 @@ void bench_decode(bool quick) {
       by_op = profile.seconds_by_op();
     }
     for (const auto& [family, s] : seconds) {
-      std::vector<std::pair<double, std::string>> ops;
-      for (const auto& [op, t] : by_op[family]) ops.push_back({t, op});
-      std::sort(ops.rbegin(), ops.rend());
-      Json top = Json::array();
-      for (size_t i = 0; i < std::min<size_t>(5, ops.size()); ++i)
-        top.push_back({ops[i].second, rounded(1e3 * ops[i].first)});
       Json cfg = config;
-      cfg["top_ops_ms"] = top;
+      cfg["top_ops_ms"] = top_ops_ms(by_op[family], 1);
       emit_value(std::string("decode_") + name + "_batch_64_ops_" + family, "share", "fraction of the decode", s / wall,
                  cfg);
     }
