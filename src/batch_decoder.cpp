@@ -94,11 +94,10 @@ std::vector<int64_t> BatchDecoder::sample(const std::vector<Sequence*>& rows, co
       for (size_t i = 0; i < group.size(); ++i) out[group[i]] = best.data_ptr<int64_t>()[i];
       continue;
     }
-    const auto probs = sampling_probabilities(part.to(torch::kCPU), o);  // (G, V)
-    for (size_t i = 0; i < group.size(); ++i)
-      out[group[i]] = torch::multinomial(probs.narrow(0, static_cast<int64_t>(i), 1), 1, /*replacement=*/false,
-                                         rows[group[i]]->generator)
-                          .item<int64_t>();
+    std::vector<c10::optional<at::Generator>> generators;
+    for (int64_t g : group) generators.push_back(rows[g]->generator);
+    const auto tokens = sample_tokens(sampling_probabilities(part.to(torch::kCPU), o), generators);
+    for (size_t i = 0; i < group.size(); ++i) out[group[i]] = tokens[i];
   }
   return out;
 }

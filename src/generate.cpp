@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace tinylm {
 
@@ -48,6 +49,31 @@ torch::Tensor sampling_probabilities(const torch::Tensor& logits, const Generate
   return probs.to(torch::kFloat32);
 }
 
+std::vector<int64_t> sample_tokens(const torch::Tensor& probs,
+                                   const std::vector<c10::optional<at::Generator>>& generators) {
+  TORCH_CHECK(probs.dim() == 2 && probs.device().is_cpu() && probs.scalar_type() == torch::kFloat32,
+              "sample_tokens: expected float32 probabilities (R, V) on the CPU, got ", probs.scalar_type(), " ",
+              probs.sizes(), " on ", probs.device());
+  const int64_t R = probs.size(0);
+  TORCH_CHECK(static_cast<int64_t>(generators.size()) == R, "sample_tokens: ", R, " rows but ", generators.size(),
+              " generators");
+  if (R == 0) return {};
+  // torch::multinomial's checks, once for every row: no NaN (it fails both comparisons),
+  // inf or negative entry, and no row without mass.
+  const bool valid = ((probs.min() >= 0) & (probs.max() < std::numeric_limits<float>::infinity()) &
+                      (probs.sum(/*dim=*/1) > 0).all())
+                         .item<bool>();
+  TORCH_CHECK(valid, "sample_tokens: the probabilities hold inf, NaN, a negative entry or a row of zeros "
+              "(the model's logits are not finite: check the checkpoint)");
+  // torch::multinomial's draw for one sample: q ~ Exp(1) per entry, the token is
+  // argmax(p / q). Each row's q from its own generator, in the order multinomial reads
+  // them (a row's entries in turn); the division and argmax once for all rows.
+  auto q = torch::empty_like(probs, torch::MemoryFormat::Contiguous);
+  for (int64_t r = 0; r < R; ++r) q.select(0, r).exponential_(1.0, generators[r]);
+  const auto best = (probs / q).argmax(/*dim=*/-1).contiguous();
+  return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + R};
+}
+
 namespace {
 
 /// The next tokens (B, 1), on logits' device: the most likely with greedy, else drawn on
@@ -55,8 +81,9 @@ namespace {
 torch::Tensor next_tokens(const torch::Tensor& logits, const GenerateOptions& options,
                           c10::optional<at::Generator> generator) {
   if (options.greedy) return logits.argmax(-1, /*keepdim=*/true);
-  auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
-  return torch::multinomial(probs, 1, /*replacement=*/false, generator).to(logits.device());
+  const auto probs = sampling_probabilities(logits.to(torch::kCPU), options);
+  const auto tokens = sample_tokens(probs, std::vector<c10::optional<at::Generator>>(probs.size(0), generator));
+  return torch::tensor(tokens, torch::kLong).unsqueeze(1).to(logits.device());
 }
 
 }  // namespace

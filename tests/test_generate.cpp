@@ -4,6 +4,9 @@
 #include <tinylm/generate.h>
 #include <tinylm/nn/model.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
 #include <map>
 #include <string>
 #include <tuple>
@@ -121,6 +124,44 @@ TEST_CASE("top-k and top-p filter the distribution", "[generate]") {
   o.top_p = 1.0;
   o.temperature = 100.0;  // near uniform
   CHECK(sampling_probabilities(logits, o).max().item<double>() < 0.26);
+}
+
+TEST_CASE("sample_tokens draws what torch::multinomial draws, rows together or one at a time", "[generate]") {
+  torch::manual_seed(3);
+  const auto probs = torch::softmax(torch::randn({6, 50}) * 3, -1);  // (R, V) float32
+  auto seeded = [](uint64_t seed) -> c10::optional<at::Generator> {
+    return at::make_generator<at::CPUGeneratorImpl>(seed);
+  };
+  // One generator each: row r as multinomial draws it alone with generator r.
+  for (uint64_t round = 0; round < 20; ++round) {
+    std::vector<c10::optional<at::Generator>> gens;
+    for (int64_t r = 0; r < 6; ++r) gens.push_back(seeded(round * 10 + r));
+    const auto together = sample_tokens(probs, gens);
+    REQUIRE(together.size() == 6);
+    for (int64_t r = 0; r < 6; ++r)
+      CHECK(together[r] == torch::multinomial(probs.narrow(0, r, 1), 1, false, seeded(round * 10 + r)).item<int64_t>());
+    // One generator shared by every row: multinomial over the whole (R, V).
+    const auto shared = seeded(round);
+    const auto mine = sample_tokens(probs, std::vector<c10::optional<at::Generator>>(6, shared));
+    const auto theirs = torch::multinomial(probs, 1, false, seeded(round)).contiguous();
+    for (int64_t r = 0; r < 6; ++r) CHECK(mine[r] == theirs[r][0].item<int64_t>());
+  }
+  // The draws follow the distribution: a token of probability 0 is never drawn, and the
+  // likeliest of a skewed row is drawn most.
+  auto skewed = torch::tensor({{0.0f, 0.7f, 0.2f, 0.1f}});
+  std::map<int64_t, int> counts;
+  auto gen = seeded(7);
+  for (int i = 0; i < 2000; ++i) ++counts[sample_tokens(skewed, {gen}).front()];
+  CHECK(counts.count(0) == 0);
+  CHECK(counts[1] > 1200);
+  CHECK(counts[1] < 1600);
+  // Not a distribution: refused, as multinomial refuses it.
+  for (const auto& bad : {torch::tensor({{0.5f, NAN}}), torch::tensor({{-0.1f, 1.1f}}), torch::tensor({{0.0f, 0.0f}}),
+                          torch::tensor({{1.0f, INFINITY}})})
+    CHECK_THAT(error_message([&] { sample_tokens(bad, {gen}); }), Catch::Contains("not finite"));
+  CHECK_THAT(error_message([&] { sample_tokens(probs, {gen}); }), Catch::Contains("6 rows but 1 generators"));
+  CHECK_THAT(error_message([&] { sample_tokens(probs.to(torch::kFloat64), std::vector<c10::optional<at::Generator>>(6)); }),
+             Catch::Contains("expected float32"));
 }
 
 TEST_CASE("generate rejects bad options and prompts", "[generate][errors]") {

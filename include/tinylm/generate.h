@@ -4,9 +4,12 @@
 
 #include <tinylm/nn/model.h>
 
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 namespace tinylm {
 
@@ -55,5 +58,14 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
 /// probabilities (B, V) that sampling draws from: for a caller that samples in a loop
 /// of its own.
 torch::Tensor sampling_probabilities(const torch::Tensor& logits, const GenerateOptions& options);
+
+/// Draws one token per row of probs (R, V) (sampling_probabilities()' output, float32 on
+/// the CPU), row r with generators[r] (none: LibTorch's global one), and returns the R
+/// ids. A row gets what torch::multinomial(row, 1) draws with that generator, so rows
+/// drawn together, with one generator or one each, get the tokens they get one at a time
+/// (how the server's batch matches `tinylm sample`). Throws on a row that is not a
+/// distribution (negative, inf or NaN entries, or all zero).
+std::vector<int64_t> sample_tokens(const torch::Tensor& probs,
+                                   const std::vector<c10::optional<at::Generator>>& generators);
 
 }  // namespace tinylm
