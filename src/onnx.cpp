@@ -121,11 +121,21 @@ class Graph {
   int64_t count_ = 0, constants_ = 0;
 };
 
-/// Writes a model's forward pass: the parts are shared by the two kinds.
+/// One attention layer's cache in the KV-cache graph: its inputs and outputs, and the
+/// shapes of (batch, kv_heads, sequence, d_head).
+struct LayerCache {
+  std::string past_key, past_value, present_key, present_value, attentions;
+  int64_t heads, kv_heads, d_head;
+};
+
+/// Writes a model's forward pass: the parts are shared by the two kinds. With the KV cache,
+/// the new tokens sit at positions past .. past + T - 1 (past = the cache's length), their
+/// keys and values are appended to the cache, and each attention layer's weights are an
+/// output.
 class Writer {
  public:
-  Writer(Graph& g, const std::map<std::string, torch::Tensor>& params, int64_t context)
-      : g_(g), params_(params), context_(context) {}
+  Writer(Graph& g, const std::map<std::string, torch::Tensor>& params, int64_t context, bool kv_cache)
+      : g_(g), params_(params), context_(context), kv_cache_(kv_cache) {}
 
   const torch::Tensor& param(const std::string& name) const {
     const auto it = params_.find(name);
@@ -134,13 +144,22 @@ class Writer {
   }
   std::string weight(const std::string& name) { return g_.weight(name, param(name)); }
 
-  /// The sequence length (1,) int64, and [0].
+  /// The new tokens' first and last + 1 positions, (1,) int64 each: 0 and T, or with the
+  /// cache past and past + T.
   void begin(const std::string& ids) {
     zero_ = g_.ints({0});
-    seq_ = g_.op("Slice", {g_.op("Shape", {ids}), g_.ints({1}), g_.ints({2}), zero_});
+    auto seq = g_.op("Slice", {g_.op("Shape", {ids}), g_.ints({1}), g_.ints({2}), zero_});
+    if (kv_cache_) {
+      start_ = g_.op("Slice", {g_.op("Shape", {cache_name(0, "past_key_values", "key")}), g_.ints({2}), g_.ints({3}), zero_});
+      end_ = g_.op("Add", {start_, seq});
+    } else {
+      start_ = zero_, end_ = seq;
+    }
   }
-  /// The first T rows of a (C, ...) table.
-  std::string first_rows(const std::string& table) { return g_.op("Slice", {table, zero_, seq_, zero_}); }
+  /// The new tokens' rows of a (C, ...) table of positions.
+  std::string position_rows(const std::string& table) { return g_.op("Slice", {table, start_, end_, zero_}); }
+
+  const std::vector<LayerCache>& caches() const { return caches_; }
 
   /// x Wᵀ (+ b), as torch::nn::Linear computes it.
   std::string linear(const std::string& x, const std::string& prefix, bool bias) {
@@ -172,8 +191,8 @@ class Writer {
       auto a = torch::arange(context_, torch::kDouble).unsqueeze(1) * inv_freq.unsqueeze(0);  // (C, half)
       const auto tag = "rotary_" + std::to_string(rotary_cos_.size());
       auto axis = g_.ints({1});
-      rotary_cos_[base] = g_.op("Unsqueeze", {first_rows(g_.weight(tag + ".cos", a.cos().to(torch::kFloat))), axis});
-      rotary_sin_[base] = g_.op("Unsqueeze", {first_rows(g_.weight(tag + ".sin", a.sin().to(torch::kFloat))), axis});
+      rotary_cos_[base] = g_.op("Unsqueeze", {position_rows(g_.weight(tag + ".cos", a.cos().to(torch::kFloat))), axis});
+      rotary_sin_[base] = g_.op("Unsqueeze", {position_rows(g_.weight(tag + ".sin", a.sin().to(torch::kFloat))), axis});
     }
     const auto& c = rotary_cos_[base];
     const auto& s = rotary_sin_[base];
@@ -185,7 +204,8 @@ class Writer {
                  attr_int("axis", 3));
   }
 
-  /// MultiHeadSelfAttention's forward: (B, T, D) -> (B, T, D).
+  /// MultiHeadSelfAttention's forward: (B, T, D) -> (B, T, D); with the cache, the keys
+  /// and values attended to are the past's and then these.
   std::string attention(const std::string& x, const std::string& prefix, const nn::MultiHeadSelfAttentionImpl& m) {
     const auto& o = m.options;
     const int64_t D = o.d_model(), H = o.n_heads(), Hkv = m.n_kv_heads(), Dh = m.d_head();
@@ -203,6 +223,16 @@ class Writer {
     q = g_.op("Transpose", {q}, heads_first);  // (B, H, T, Dh)
     k = g_.op("Transpose", {k}, heads_first);  // (B, Hkv, T, Dh)
     v = g_.op("Transpose", {v}, heads_first);
+    LayerCache cache;
+    if (kv_cache_) {  // (B, Hkv, past + T, Dh), keys after rotation, before GQA's repeat
+      const auto l = static_cast<int64_t>(caches_.size());
+      cache = {cache_name(l, "past_key_values", "key"), cache_name(l, "past_key_values", "value"),
+               cache_name(l, "present", "key"), cache_name(l, "present", "value"),
+               "attentions." + std::to_string(l), H, Hkv, Dh};
+      k = g_.node("Concat", {cache.past_key, k}, attr_int("axis", 2), 1, cache.present_key).front();
+      v = g_.node("Concat", {cache.past_value, v}, attr_int("axis", 2), 1, cache.present_value).front();
+      caches_.push_back(cache);
+    }
     if (Hkv != H) {  // each key/value head serves H / Hkv query heads, in order
       const auto repeat = [&](const std::string& t) {
         auto wide = g_.op("Expand", {g_.op("Unsqueeze", {t, g_.ints({2})}), g_.ints({1, 1, H / Hkv, 1, 1})});
@@ -213,7 +243,7 @@ class Writer {
     auto scores = g_.op("Mul", {g_.op("MatMul", {q, g_.op("Transpose", {k}, attr_ints("perm", {0, 1, 3, 2}))}),
                                 g_.scalar(static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh))))});
     if (o.causal()) scores = g_.op("Add", {scores, causal_mask()});
-    auto weights = g_.op("Softmax", {scores}, attr_int("axis", -1));
+    auto weights = g_.node("Softmax", {scores}, attr_int("axis", -1), 1, cache.attentions).front();
     auto context = g_.op("Transpose", {g_.op("MatMul", {weights, v})}, heads_first);  // (B, T, H, Dh)
     return linear(g_.op("Reshape", {context, g_.ints({0, 0, D})}), prefix + ".out_proj", bias);
   }
@@ -246,13 +276,17 @@ class Writer {
   }
 
  private:
-  /// (T, T): 0 where a query may look, -inf past it.
+  static std::string cache_name(int64_t layer, const std::string& part, const std::string& which) {
+    return part + "." + std::to_string(layer) + "." + which;
+  }
+
+  /// (T, past + T): 0 where a query may look, -inf past it (the table's rows past .. past + T).
   const std::string& causal_mask() {
     if (mask_.empty()) {
       auto m = torch::full({context_, context_}, -std::numeric_limits<float>::infinity()).triu(1);
       auto table = g_.weight("causal_mask", m);
-      mask_ = g_.op("Slice", {table, g_.ints({0, 0}), g_.op("Concat", {seq_, seq_}, attr_int("axis", 0)),
-                              g_.ints({0, 1})});
+      mask_ = g_.op("Slice", {table, g_.op("Concat", {start_, zero_}, attr_int("axis", 0)),
+                              g_.op("Concat", {end_, end_}, attr_int("axis", 0)), g_.ints({0, 1})});
     }
     return mask_;
   }
@@ -260,7 +294,9 @@ class Writer {
   Graph& g_;
   const std::map<std::string, torch::Tensor>& params_;
   int64_t context_;
-  std::string zero_, seq_, mask_;
+  bool kv_cache_;
+  std::vector<LayerCache> caches_;
+  std::string zero_, start_, end_, mask_;
   std::map<double, std::string> rotary_cos_, rotary_sin_;
 };
 
@@ -272,29 +308,30 @@ std::string onnx_refusal(const nn::LanguageModelImpl& model) {
   return "ONNX export covers the kinds 'tiny' and 'transformer', not '" + model.architecture().kind + "'";
 }
 
-std::string onnx_model(nn::LanguageModelImpl& model, const std::map<std::string, std::string>& metadata) {
+std::string onnx_model(nn::LanguageModelImpl& model, std::map<std::string, std::string> metadata,
+                       const OnnxOptions& options) {
   const auto refusal = onnx_refusal(model);
   TORCH_CHECK(refusal.empty(), refusal);
   std::map<std::string, torch::Tensor> params;
   for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
   const int64_t C = model.context_length(), V = model.vocab_size();
   Graph g;
-  Writer w(g, params, C);
+  Writer w(g, params, C, options.kv_cache);
   const std::string ids = "input_ids";
   w.begin(ids);
   std::string logits;
   if (auto* tiny = dynamic_cast<nn::TinyAttentionLMImpl*>(&model)) {
     torch::NoGradGuard no_grad;
     auto x = g.op("Gather", {w.weight("token_embedding.weight"), ids});  // (B, T, D)
-    x = g.op("Add", {x, w.first_rows(g.weight("sinusoidal_positions.table", tiny->sinusoidal_positions(C)))});
+    x = g.op("Add", {x, w.position_rows(g.weight("sinusoidal_positions.table", tiny->sinusoidal_positions(C)))});
     logits = w.linear(w.attention(x, "attention", *tiny->attention), "lm_head", true);
   } else {
     auto& t = dynamic_cast<nn::TransformerLMImpl&>(model);
     torch::NoGradGuard no_grad;
     auto x = g.op("Gather", {w.weight("token_embedding.weight"), ids});
-    if (t.learned_positions) x = g.op("Add", {x, w.first_rows(w.weight("learned_positions.weight"))});
+    if (t.learned_positions) x = g.op("Add", {x, w.position_rows(w.weight("learned_positions.weight"))});
     if (t.sinusoidal_positions)
-      x = g.op("Add", {x, w.first_rows(g.weight("sinusoidal_positions.table", t.sinusoidal_positions(C)))});
+      x = g.op("Add", {x, w.position_rows(g.weight("sinusoidal_positions.table", t.sinusoidal_positions(C)))});
     for (size_t l = 0; l < t.blocks->size(); ++l) {
       const auto& block = *t.blocks[l]->as<nn::TransformerBlock>();
       const std::string p = "blocks." + std::to_string(l);
@@ -312,16 +349,33 @@ std::string onnx_model(nn::LanguageModelImpl& model, const std::map<std::string,
     logits = g.op("MatMul", {x, g.op("Transpose", {w.weight(head)}, attr_ints("perm", {1, 0}))});
   }
   logits = g.node("Identity", {logits}, "", 1, "logits").front();
-  const auto inputs = pb::field(graph_f::input, value_info(ids, dtype::INT64, {"batch", "sequence"}));
-  const auto outputs = pb::field(graph_f::output, value_info(logits, dtype::FLOAT, {"batch", "sequence", std::to_string(V)}));
+  auto inputs = pb::field(graph_f::input, value_info(ids, dtype::INT64, {"batch", "sequence"}));
+  auto outputs = pb::field(graph_f::output, value_info(logits, dtype::FLOAT, {"batch", "sequence", std::to_string(V)}));
+  for (const auto& c : w.caches()) {
+    const auto Hkv = std::to_string(c.kv_heads), Dh = std::to_string(c.d_head);
+    for (const auto& name : {c.past_key, c.past_value})
+      inputs += pb::field(graph_f::input, value_info(name, dtype::FLOAT, {"batch", Hkv, "past_sequence", Dh}));
+    for (const auto& name : {c.present_key, c.present_value})
+      outputs += pb::field(graph_f::output, value_info(name, dtype::FLOAT, {"batch", Hkv, "total_sequence", Dh}));
+  }
+  for (const auto& c : w.caches())
+    outputs += pb::field(graph_f::output, value_info(c.attentions, dtype::FLOAT,
+                                                     {"batch", std::to_string(c.heads), "sequence", "total_sequence"}));
+  metadata.emplace("tinylm.graph", options.kv_cache ? "kv_cache" : "logits");
   const auto graph = g.bytes(model.architecture().kind, inputs, outputs);
 
   std::string m = pb::number_field(model_f::ir_version, kIrVersion);
   m += pb::field(model_f::producer_name, "tinylm");
   m += pb::field(model_f::producer_version, TINYLM_VERSION_STRING);
-  m += pb::field(model_f::doc_string, "A tinylm '" + model.architecture().kind +
-                                          "' language model: input_ids (batch, sequence <= " + std::to_string(C) +
-                                          ") int64 -> logits (batch, sequence, " + std::to_string(V) + ") float32");
+  m += pb::field(model_f::doc_string,
+                 "A tinylm '" + model.architecture().kind + "' language model: input_ids (batch, sequence" +
+                     (options.kv_cache ? ") int64 and past_key_values.N.key/value (batch, kv_heads, past_sequence, "
+                                         "d_head), past_sequence + sequence <= "
+                                       : " <= ") +
+                     std::to_string(C) + ") -> logits (batch, sequence, " + std::to_string(V) + ") float32" +
+                     (options.kv_cache ? ", present.N.key/value (past and these) and attentions.N (batch, heads, "
+                                         "sequence, past_sequence + sequence)"
+                                       : ""));
   m += pb::field(model_f::graph, graph);
   m += pb::field(model_f::opset_import, pb::field(1, "") + pb::number_field(2, kOnnxOpset));
   for (const auto& [key, value] : metadata) m += pb::field(model_f::metadata_props, pb::field(1, key) + pb::field(2, value));
@@ -330,14 +384,14 @@ std::string onnx_model(nn::LanguageModelImpl& model, const std::map<std::string,
 
 std::vector<std::string> export_onnx(nn::LanguageModelImpl& model, const std::string& path,
                                      std::map<std::string, std::string> metadata, bool overwrite,
-                                     const data::Tokenizer* tokenizer) {
+                                     const data::Tokenizer* tokenizer, const OnnxOptions& options) {
   const bool sentencepiece = tokenizer && tokenizer->kind() == "sentencepiece";
   const std::string tokenizer_path = path + ".sentencepiece.model";
   internal::check_output_path(path, overwrite);
   if (sentencepiece) internal::check_output_path(tokenizer_path, overwrite);
   if (tokenizer) metadata["tinylm.tokenizer"] = tokenizer->kind();
   if (sentencepiece) metadata["tinylm.tokenizer_file"] = std::filesystem::path(tokenizer_path).filename().string();
-  const auto bytes = onnx_model(model, metadata);  // before anything is written: it may refuse
+  const auto bytes = onnx_model(model, metadata, options);  // before anything is written: it may refuse
   std::vector<std::string> written;
   if (sentencepiece) {
     internal::write_file_atomically(tokenizer_path, tokenizer->model_bytes(), "SentencePiece model");

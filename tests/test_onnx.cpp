@@ -4,6 +4,7 @@
 // hidden case below writes.
 #include "test_util.h"
 
+#include <tinylm/generate.h>
 #include <tinylm/interop.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/onnx.h>
@@ -104,8 +105,22 @@ TEST_CASE("write ONNX models of every kind and option with their logits", "[.][o
       dict.insert("ids." + std::to_string(T), ids);
       dict.insert("logits." + std::to_string(T), model->forward(ids).logits);
     }
+    // Greedy generation past the context (16): what the KV-cache graph must reproduce
+    // (generate() is what `tinylm sample --greedy` runs).
+    GenerateOptions greedy;
+    greedy.greedy = true;
+    greedy.max_new_tokens = 24;
+    const auto prompt = torch::randint(40, {2, 3}, torch::kLong);
+    dict.insert("greedy.prompt", prompt);
+    dict.insert("greedy.tokens", generate(*model, prompt, greedy));
     const std::string stem = std::string(dir) + "/" + name;
-    interop::export_onnx(*model, stem + ".onnx", {{"tinylm.kind", model->architecture().kind}}, /*overwrite=*/true);
+    const std::map<std::string, std::string> metadata = {
+        {"tinylm.kind", model->architecture().kind},
+        {"tinylm.context_length", std::to_string(model->context_length())}};
+    interop::export_onnx(*model, stem + ".onnx", metadata, /*overwrite=*/true);
+    interop::OnnxOptions kv;
+    kv.kv_cache = true;
+    interop::export_onnx(*model, stem + ".kv.onnx", metadata, /*overwrite=*/true, nullptr, kv);
     const auto bytes = interop::torch_save_bytes(dict);
     std::ofstream(stem + ".pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }

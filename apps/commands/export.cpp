@@ -20,7 +20,7 @@ namespace {
 
 struct ExportArgs {
   std::string checkpoint, out, format = "pytorch";
-  bool overwrite = false;
+  bool overwrite = false, kv_cache = false;
 };
 
 /// The ONNX file's metadata_props: what the model is and how its ids are made.
@@ -42,6 +42,7 @@ int run_export(const ExportArgs& a) {
   TORCH_CHECK(a.format == "pytorch" || a.format == "onnx",
               "--format must be pytorch (nanoGPT's checkpoint layout) or onnx, got '", a.format, "'");
   TORCH_CHECK(!a.out.empty(), "--out must name a file");
+  TORCH_CHECK(!a.kv_cache || a.format == "onnx", "--kv-cache is for --format onnx (nanoGPT's checkpoint has no graph)");
   if (a.format == "pytorch") {
     const auto ck = open_checkpoint(a.checkpoint);
     const auto notes = interop::export_nanogpt(ck, a.out, a.overwrite);
@@ -57,10 +58,16 @@ int run_export(const ExportArgs& a) {
   const auto refusal = interop::onnx_refusal(*run.model);
   TORCH_CHECK(refusal.empty(), "cannot export '", run.checkpoint.path, "' as ONNX: ", refusal);
   run.model->eval();
-  const auto written = interop::export_onnx(*run.model, a.out, onnx_metadata(run), a.overwrite, run.tokenizer.get());
-  logger()->info("wrote {}: ONNX opset {}, input_ids (batch, sequence <= {}) int64 -> logits (batch, sequence, {}) "
-                 "float32; step {}{}",
-                 a.out, interop::kOnnxOpset, run.model->context_length(), run.model->vocab_size(),
+  interop::OnnxOptions options;
+  options.kv_cache = a.kv_cache;
+  const auto written =
+      interop::export_onnx(*run.model, a.out, onnx_metadata(run), a.overwrite, run.tokenizer.get(), options);
+  logger()->info("wrote {}: ONNX opset {}, input_ids (batch, sequence{} <= {}) int64 -> logits (batch, sequence, {}) "
+                 "float32{}; step {}{}",
+                 a.out, interop::kOnnxOpset, a.kv_cache ? " + past_sequence" : "", run.model->context_length(),
+                 run.model->vocab_size(),
+                 a.kv_cache ? ", with the KV cache (past_key_values.N.key/value -> present.N.key/value, attentions.N)"
+                            : "",
                  run.checkpoint.state.step, written.size() > 1 ? "; its SentencePiece model: " + written[1] : "");
   return 0;
 }
@@ -78,6 +85,9 @@ Command add_export(CLI::App& app) {
                          "graph (docs/export.md)")
       ->capture_default_str();
   export_cmd->add_flag("--overwrite", export_args.overwrite, "replace --out if it exists");
+  export_cmd->add_flag("--kv-cache", export_args.kv_cache,
+                       "onnx: the graph that takes and returns the KV cache, to generate a token at a time "
+                       "(docs/export.md)");
 
   return {export_cmd, [args] { return run_export(*args); }};
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""tinylm's ONNX export against tinylm's own logits: every NAME.onnx in DIR (written with
-NAME.pt, the ids and logits tinylm gave, by tinylm's "[onnx-export]" test) must pass ONNX's
-full checker, and its graph, evaluated here node by node with PyTorch from ONNX's operator
-definitions (opset 17), must give tinylm's logits to float32 rounding. Where ONNX Runtime
-is installed (Debian 13 packages it; Debian 12 does not), its logits must match too; on
+"""tinylm's ONNX export against tinylm's own logits: every NAME.onnx and NAME.kv.onnx in
+DIR (written with NAME.pt, the ids and logits tinylm gave and its greedy tokens, by
+tinylm's "[onnx-export]" test) must pass ONNX's full checker, and its graph, evaluated here
+node by node with PyTorch from ONNX's operator definitions (opset 17), must give tinylm's
+logits to float32 rounding. The KV-cache graphs must give them a token at a time too, with
+attention weights that are each query's distribution over what it may see, and generate
+greedily the tokens tinylm's generate() gives, past the context. Where ONNX Runtime is
+installed (Debian 13 packages it; Debian 12 does not), it must do all of this too; on
 Debian 13 its absence is a failure, not a skip.
 
 usage: onnx_export.py DIR
@@ -92,6 +95,101 @@ def debian_major():
         return 0
 
 
+class Runner:
+    """One graph, run by the reference evaluator and by ONNX Runtime where it is installed."""
+
+    def __init__(self, path, onnxruntime):
+        self.model = onnx.load(str(path))
+        onnx.checker.check_model(self.model, full_check=True)
+        if self.model.opset_import[0].version != 17:
+            sys.exit("FAIL: %s: opset %d, expected 17" % (path.name, self.model.opset_import[0].version))
+        self.outputs = [o.name for o in self.model.graph.output]
+        self.session = (onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                        if onnxruntime else None)
+        self.past = [(i.name, [d.dim_value for d in i.type.tensor_type.shape.dim])
+                     for i in self.model.graph.input if i.name.startswith("past_key_values.")]
+
+    def who(self):
+        return ["evaluator"] + (["onnxruntime"] if self.session else [])
+
+    def run(self, who, feeds):
+        if who == "evaluator":
+            out = run_graph(self.model, feeds)
+        else:
+            out = self.session.run(self.outputs, feeds)
+        return dict(zip(self.outputs, out))
+
+    def empty_past(self, batch):
+        """past_sequence 0: (batch, kv_heads, 0, d_head) for each cache input."""
+        return {name: np.zeros((batch, dims[1], 0, dims[3]), dtype=np.float32) for name, dims in self.past}
+
+
+def check(path, key, who, got, expected, worst):
+    if got.shape != expected.shape:
+        sys.exit("FAIL: %s, %s: %s gives logits of shape %s, tinylm %s" % (path.name, key, who, got.shape, expected.shape))
+    diff = float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max()))
+    print("%-37s %-14s %-12s largest difference %.2e (relative to the largest logit)" % (path.stem, key, who, diff))
+    if not diff <= 1e-5:
+        sys.exit("FAIL: %s, %s: %s differs from tinylm by %.2e (allowed 1e-5)" % (path.name, key, who, diff))
+    return max(worst, diff)
+
+
+def step(runner, who, ids, past):
+    """One call of the KV-cache graph: the logits, the next past, and the attentions, which
+    must be distributions over the positions each query may see (none past its own)."""
+    feeds = {"input_ids": ids}
+    feeds.update(past)
+    out = runner.run(who, feeds)
+    P, T = next(iter(past.values())).shape[2], ids.shape[1]
+    for name in (n for n in out if n.startswith("attentions.")):
+        a = out[name]
+        if a.shape[2:] != (T, P + T) or not np.allclose(a.sum(-1), 1, atol=1e-5):
+            sys.exit("FAIL: %s of shape %s (T=%d after %d): not each query's distribution" % (name, a.shape, T, P))
+        if T > 1 and np.abs(np.triu(a, k=P + 1)).max() > 0:
+            sys.exit("FAIL: %s: a query attends to a later position" % name)
+    following = {n.replace("past_key_values.", "present."): n for n in past}
+    return out["logits"], {following[n]: v for n, v in out.items() if n in following}
+
+
+def check_kv_cache(path, runner, ref, worst):
+    """The KV-cache graph: logits with an empty past, then a token at a time, equal tinylm's;
+    greedy generation through the cache gives generate()'s tokens."""
+    for key in sorted(k for k in ref if k.startswith("ids.")):
+        ids, expected = ref[key].numpy(), ref["logits." + key[4:]].numpy()
+        B, T = ids.shape
+        for who in runner.who():
+            whole, _ = step(runner, who, ids, runner.empty_past(B))
+            worst = check(path, key + " whole", who, whole, expected, worst)
+            split = T // 2  # a prefix at once, then one token at a time on its cache
+            logits, past = step(runner, who, ids[:, :split], runner.empty_past(B))
+            parts = [logits]
+            for t in range(split, T):
+                logits, past = step(runner, who, ids[:, t:t + 1], past)
+                parts.append(logits)
+            worst = check(path, key + " stepped", who, np.concatenate(parts, axis=1), expected, worst)
+    prompt, expected = ref["greedy.prompt"].numpy(), ref["greedy.tokens"].numpy()
+    context = int(dict((p.key, p.value) for p in runner.model.metadata_props)["tinylm.context_length"])
+    for who in runner.who():
+        # As generate() decodes: the cache while it holds fewer than C positions, then the
+        # last C tokens read afresh.
+        seq, past = prompt, runner.empty_past(prompt.shape[0])
+        logits, past = step(runner, who, seq, past)
+        while seq.shape[1] < expected.shape[1]:
+            seq = np.concatenate([seq, logits[:, -1].argmax(-1)[:, None]], axis=1)
+            if seq.shape[1] == expected.shape[1]:
+                break
+            if next(iter(past.values())).shape[2] < context:
+                logits, past = step(runner, who, seq[:, -1:], past)
+            else:
+                logits, past = step(runner, who, seq[:, -context:], runner.empty_past(seq.shape[0]))
+        if not np.array_equal(seq, expected):
+            sys.exit("FAIL: %s: greedy generation in %s gives %s, tinylm %s" % (path.name, who, seq.tolist(),
+                                                                                   expected.tolist()))
+        print("%-37s %-14s %-12s greedy: %d tokens as tinylm's" % (path.stem, "generate", who,
+                                                                    expected.shape[1] - prompt.shape[1]))
+    return worst
+
+
 def main():
     folder = pathlib.Path(sys.argv[1])
     try:
@@ -105,31 +203,26 @@ def main():
     if not files:
         sys.exit("FAIL: no .onnx files in %s" % folder)
     worst = 0.0
+    cached = 0
     for path in files:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(model, full_check=True)
-        ref = torch.load(str(path.with_suffix(".pt")))
-        if model.opset_import[0].version != 17:
-            sys.exit("FAIL: %s: opset %d, expected 17" % (path.name, model.opset_import[0].version))
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]) if onnxruntime else None
+        runner = Runner(path, onnxruntime)
+        kv = path.name.endswith(".kv.onnx")
+        ref = torch.load(str(folder / (path.name[:-len(".kv.onnx" if kv else ".onnx")] + ".pt")))
+        if kv:
+            if not runner.past:
+                sys.exit("FAIL: %s has no past_key_values inputs" % path.name)
+            worst = check_kv_cache(path, runner, ref, worst)
+            cached += 1
+            continue
         for key in sorted(k for k in ref if k.startswith("ids.")):
             ids, expected = ref[key].numpy(), ref["logits." + key[4:]].numpy()
-            results = {"evaluator": run_graph(model, {"input_ids": ids})[0]}
-            if session:
-                results["onnxruntime"] = session.run(["logits"], {"input_ids": ids})[0]
-            scale = max(1.0, float(np.abs(expected).max()))
-            for who, got in results.items():
-                if got.shape != expected.shape:
-                    sys.exit("FAIL: %s, %s: %s gives logits of shape %s, tinylm %s"
-                             % (path.name, key, who, got.shape, expected.shape))
-                diff = float(np.abs(got - expected).max()) / scale
-                worst = max(worst, diff)
-                print("%-34s T=%-3s %-12s largest difference %.2e (relative to the largest logit)"
-                      % (path.stem, key[4:], who, diff))
-                if not diff <= 1e-5:
-                    sys.exit("FAIL: %s, %s: %s differs from tinylm by %.2e (allowed 1e-5)" % (path.name, key, who, diff))
-    print("ok: %d models pass the ONNX checker and give tinylm's logits (largest relative difference %.1e)%s"
-          % (len(files), worst, " in ONNX Runtime %s too" % onnxruntime.__version__ if onnxruntime else ""))
+            for who in runner.who():
+                worst = check(path, key, who, runner.run(who, {"input_ids": ids})["logits"], expected, worst)
+    if not cached:
+        sys.exit("FAIL: no KV-cache graphs (*.kv.onnx) in %s" % folder)
+    print("ok: %d graphs (%d with the KV cache) pass the ONNX checker and give tinylm's logits (largest relative "
+          "difference %.1e) and its greedy tokens%s"
+          % (len(files), cached, worst, " in ONNX Runtime %s too" % onnxruntime.__version__ if onnxruntime else ""))
 
 
 main()
