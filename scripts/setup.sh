@@ -10,7 +10,7 @@
 #                                (tinylm serve's page in a headless browser), wrk (its
 #                                benchmark), python3-onnx (ONNX's checker), and where
 #                                packaged (Debian 13) python3-openai (OpenAI's client)
-#                                and python3-onnxruntime (ONNX Runtime)
+#                                and python3-onnxruntime + libonnxruntime-dev (ONNX Runtime)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
 #   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
@@ -63,7 +63,7 @@ if [ "$test" = 1 ]; then
   # OpenAI's Python client, for tinylm serve's client test, and ONNX Runtime, for the ONNX
   # export test: packaged from Debian 13 on.
   if apt-cache show python3-openai > /dev/null 2>&1; then packages+=(python3-openai); fi
-  if apt-cache show python3-onnxruntime > /dev/null 2>&1; then packages+=(python3-onnxruntime); fi
+  if apt-cache show python3-onnxruntime > /dev/null 2>&1; then packages+=(python3-onnxruntime libonnxruntime-dev); fi
 fi
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.

@@ -10,6 +10,7 @@ installed (Debian 13 packages it; Debian 12 does not), it must do all of this to
 Debian 13 its absence is a failure, not a skip.
 
 usage: onnx_export.py DIR
+       onnx_export.py --generate MODEL.kv.onnx "PROMPT IDS" N   (greedy ids, a line per runtime)
 """
 import math
 import os
@@ -151,6 +152,24 @@ def step(runner, who, ids, past):
     return out["logits"], {following[n]: v for n, v in out.items() if n in following}
 
 
+def generate_greedy(runner, who, prompt, n):
+    """prompt (B, T) and n tokens, each the most likely, as generate() decodes: on the cache
+    while it holds fewer than the context's positions, then the last C tokens read afresh."""
+    context = int(dict((p.key, p.value) for p in runner.model.metadata_props)["tinylm.context_length"])
+    seq = prompt[:, -context:]
+    logits, past = step(runner, who, seq, runner.empty_past(prompt.shape[0]))
+    seq = prompt
+    for i in range(n):
+        seq = np.concatenate([seq, logits[:, -1].argmax(-1)[:, None]], axis=1)
+        if i == n - 1:
+            break
+        if next(iter(past.values())).shape[2] < context:
+            logits, past = step(runner, who, seq[:, -1:], past)
+        else:
+            logits, past = step(runner, who, seq[:, -context:], runner.empty_past(seq.shape[0]))
+    return seq
+
+
 def check_kv_cache(path, runner, ref, worst):
     """The KV-cache graph: logits with an empty past, then a token at a time, equal tinylm's;
     greedy generation through the cache gives generate()'s tokens."""
@@ -168,20 +187,8 @@ def check_kv_cache(path, runner, ref, worst):
                 parts.append(logits)
             worst = check(path, key + " stepped", who, np.concatenate(parts, axis=1), expected, worst)
     prompt, expected = ref["greedy.prompt"].numpy(), ref["greedy.tokens"].numpy()
-    context = int(dict((p.key, p.value) for p in runner.model.metadata_props)["tinylm.context_length"])
     for who in runner.who():
-        # As generate() decodes: the cache while it holds fewer than C positions, then the
-        # last C tokens read afresh.
-        seq, past = prompt, runner.empty_past(prompt.shape[0])
-        logits, past = step(runner, who, seq, past)
-        while seq.shape[1] < expected.shape[1]:
-            seq = np.concatenate([seq, logits[:, -1].argmax(-1)[:, None]], axis=1)
-            if seq.shape[1] == expected.shape[1]:
-                break
-            if next(iter(past.values())).shape[2] < context:
-                logits, past = step(runner, who, seq[:, -1:], past)
-            else:
-                logits, past = step(runner, who, seq[:, -context:], runner.empty_past(seq.shape[0]))
+        seq = generate_greedy(runner, who, prompt, expected.shape[1] - prompt.shape[1])
         if not np.array_equal(seq, expected):
             sys.exit("FAIL: %s: greedy generation in %s gives %s, tinylm %s" % (path.name, who, seq.tolist(),
                                                                                    expected.tolist()))
@@ -190,15 +197,35 @@ def check_kv_cache(path, runner, ref, worst):
     return worst
 
 
-def main():
-    folder = pathlib.Path(sys.argv[1])
+def load_onnxruntime(quiet=False):
     try:
         import onnxruntime
+        return onnxruntime
     except ImportError:
-        onnxruntime = None
         if debian_major() >= 13:
             sys.exit("FAIL: python3-onnxruntime is not installed, and Debian 13 has it (scripts/setup.sh installs it)")
-        print("ONNX Runtime: not packaged on this Debian; the graphs are evaluated by the reference evaluator alone")
+        if not quiet:
+            print("ONNX Runtime: not packaged on this Debian; the graphs are evaluated by the reference evaluator alone")
+        return None
+
+
+def generate_command(args):
+    """--generate MODEL.onnx PROMPT_IDS N: a line per runtime, `who: ids`, the prompt's ids
+    and N more, greedily (for `tinylm sample --greedy` to compare with)."""
+    path, prompt, n = pathlib.Path(args[0]), [int(t) for t in args[1].split()], int(args[2])
+    runner = Runner(path, load_onnxruntime(quiet=True))
+    if not runner.past:
+        sys.exit("FAIL: %s has no past_key_values inputs (export it with --kv-cache)" % path.name)
+    for who in runner.who():
+        seq = generate_greedy(runner, who, np.array([prompt], dtype=np.int64), n)
+        print("%s: %s" % (who, " ".join(str(t) for t in seq[0].tolist())))
+
+
+def main():
+    if sys.argv[1] == "--generate":
+        return generate_command(sys.argv[2:])
+    folder = pathlib.Path(sys.argv[1])
+    onnxruntime = load_onnxruntime()
     files = sorted(folder.glob("*.onnx"))
     if not files:
         sys.exit("FAIL: no .onnx files in %s" % folder)
