@@ -31,9 +31,9 @@ try:
     check(len(text.split()) == 8 and plain.choices[0].finish_reason == "length", "plain: %r" % plain)
     check(plain.usage.prompt_tokens == 4 and plain.usage.completion_tokens == 8, "usage: %r" % plain.usage)
 
-    seeded = client.completions.create(model=ids[0], prompt="3 4 5 6", max_tokens=12, seed=9, temperature=1.2)
+    seeded = client.completions.create(model=ids[0], prompt="3 4 5 6", max_tokens=120, seed=9, temperature=1.2)
     pieces, finish = [], None
-    for chunk in client.completions.create(model=ids[0], prompt="3 4 5 6", max_tokens=12, seed=9, temperature=1.2,
+    for chunk in client.completions.create(model=ids[0], prompt="3 4 5 6", max_tokens=120, seed=9, temperature=1.2,
                                            stream=True):
         if chunk.choices:
             pieces.append(chunk.choices[0].text)
