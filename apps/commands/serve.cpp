@@ -117,7 +117,11 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--model-id", o.model_id, "the model's name in the API (default: the checkpoint's file name)");
   integer(cmd->add_option("--workers", o.workers, "attention requests using the model at once; 0 = the CPUs"))
       ->capture_default_str();
-  integer(cmd->add_option("--max-batch", o.max_batch, "completions decoded together, one forward pass per token"))
+  integer(cmd->add_option("--max-batch", o.max_batch,
+                          "completions decoded together by one decode loop, one forward pass per token"))
+      ->capture_default_str();
+  integer(cmd->add_option("--decoders", o.decoders,
+                          "decode loops, a thread each, a completion in the least loaded; 0 = the CPUs (1 on a GPU)"))
       ->capture_default_str();
   integer(cmd->add_option("--prefill-chunk", o.prefill_chunk,
                           "prompt tokens prefilled between two decode steps (bounds everyone's wait)"))

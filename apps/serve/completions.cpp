@@ -124,7 +124,7 @@ void Server::State::completions(const HttpRequest& req, HttpResponder& res) {
   if (g.max_new_tokens > 0) {
     // Decoded with every other completion (decode_loop.h); the tokens made while this
     // thread wrote the last event go out as one event.
-    const auto tokens = decode->submit(prompt, g, /*every_token=*/stream || !stops.empty());
+    const auto tokens = submit(prompt, g, /*every_token=*/stream || !stops.empty());
     std::vector<int64_t> got;
     bool more = true;
     while (more) {

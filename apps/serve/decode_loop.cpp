@@ -70,6 +70,7 @@ std::shared_ptr<TokenStream> DecodeLoop::submit(std::vector<int64_t> prompt, con
                                                 bool every_token) {
   auto stream = std::make_shared<TokenStream>();
   stream->every_token_ = every_token;
+  load_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     incoming_.push_back({std::move(prompt), options, stream});
@@ -98,6 +99,7 @@ void DecodeLoop::run() {
         streams_[decoder_.add(p.prompt, p.options)] = p.stream;
       } catch (const c10::Error& e) {
         p.stream->fail(e.what_without_backtrace());
+        load_.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     for (auto it = streams_.begin(); it != streams_.end();) {  // readers that left
@@ -108,13 +110,14 @@ void DecodeLoop::run() {
       decoder_.remove(it->first);
       it->second->fail("cancelled");
       it = streams_.erase(it);
+      load_.fetch_sub(1, std::memory_order_relaxed);
     }
     try {
       for (const auto& t : decoder_.step()) {
         auto it = streams_.find(t.sequence);
         if (it == streams_.end()) continue;
         it->second->push(t.token, t.last);
-        if (t.last) streams_.erase(it);
+        if (t.last) streams_.erase(it), load_.fetch_sub(1, std::memory_order_relaxed);
       }
     } catch (const std::exception& e) {  // the model failed (memory, a device): every reader hears why
       const std::string why = e.what();
@@ -123,6 +126,7 @@ void DecodeLoop::run() {
         decoder_.remove(id);
         stream->fail("decoding failed: " + why.substr(0, why.find('\n')));
       }
+      load_.fetch_sub(static_cast<int64_t>(streams_.size()), std::memory_order_relaxed);
       streams_.clear();
     }
     std::lock_guard<std::mutex> lock(mutex_);

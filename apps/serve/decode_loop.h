@@ -71,6 +71,8 @@ class DecodeLoop {
     int64_t batched_tokens = 0;         // tokens those passes made
   };
   Stats stats() const;
+  /// Sequences submitted and not yet over: what the server weighs to choose a loop.
+  int64_t load() const { return load_.load(std::memory_order_relaxed); }
 
  private:
   void run();
@@ -84,6 +86,7 @@ class DecodeLoop {
   };
   std::deque<Pending> incoming_;
   bool stopping_ = false;
+  std::atomic<int64_t> load_{0};
   Stats stats_;
   std::map<int64_t, std::shared_ptr<TokenStream>> streams_;  // the loop thread's own
   std::thread thread_;

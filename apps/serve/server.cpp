@@ -1,8 +1,8 @@
 // `tinylm serve`'s routes: the page, /v1/completions (OpenAI's completions API, streamed as
 // server-sent events on request), /v1/attention, /v1/models, /v1/metrics, /health.
-// Completions are decoded together by one decode loop (continuous batching: decode_loop.h),
-// at most `max_batch` at once; attention requests run at most `workers` at once on their
-// own threads; `queue` more of each wait; beyond that, 503.
+// Completions are decoded together by `decoders` decode loops (continuous batching:
+// decode_loop.h), at most `max_batch` at once in each; attention requests run at most
+// `workers` at once on their own threads; `queue` more of each wait; beyond that, 503.
 #include "server.h"
 
 #include "request.h"
@@ -28,6 +28,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tinylm::serve {
@@ -55,6 +56,7 @@ Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(
   if (options.workers <= 0) options.workers = std::max(1u, std::thread::hardware_concurrency());
   TORCH_CHECK(options.queue >= 0, "--queue must be >= 0, got ", options.queue);
   TORCH_CHECK(options.max_batch >= 1, "--max-batch must be >= 1, got ", options.max_batch);
+  TORCH_CHECK(options.decoders >= 0, "--decoders must be >= 0 (0 = the CPUs), got ", options.decoders);
   TORCH_CHECK(options.prefill_chunk >= 1, "--prefill-chunk must be >= 1, got ", options.prefill_chunk);
   TORCH_CHECK(options.max_tokens >= 1, "--max-tokens must be >= 1, got ", options.max_tokens);
   TORCH_CHECK(options.max_prompt_bytes >= 1, "--max-prompt-bytes must be >= 1, got ", options.max_prompt_bytes);
@@ -68,7 +70,13 @@ Server::Server(InferenceRun run, ModelCard card, ServeOptions options) : state_(
   s.model = std::move(card);
   s.options = std::move(options);
   s.options.http.write_seconds = s.options.http.request_seconds;  // one deadline, both ways
-  s.decode = std::make_unique<DecodeLoop>(*s.run.model, BatchDecoderOptions{s.options.max_batch, s.options.prefill_chunk});
+  // A loop per core on the CPU, each on one thread: the batch's products are a core's
+  // work, and the loops use every core at once. One on a GPU, which batches on its own.
+  if (s.options.decoders == 0)
+    s.options.decoders = s.run.device.is_cpu() ? std::max(1u, std::thread::hardware_concurrency()) : 1;
+  for (int64_t i = 0; i < s.options.decoders; ++i)
+    s.decoders.push_back(
+        std::make_unique<DecodeLoop>(*s.run.model, BatchDecoderOptions{s.options.max_batch, s.options.prefill_chunk}));
   s.http = std::make_unique<HttpServer>(s.options.http,
                                         [&s](const HttpRequest& req, HttpResponder& res) { s.route(req, res); });
   if (!s.options.cors_origin.empty())
@@ -153,14 +161,22 @@ void Server::State::answer(const HttpRequest& req, HttpResponder& res) {
                 "Content-Security-Policy: default-src 'self'; img-src 'self' data:; style-src 'self'"});
     } else if (req.path == "/health") {
       only("GET");
-      const auto batch = decode->stats();
+      DecodeLoop::Stats batch;  // every loop's, summed (widest: the widest of any)
+      json loops = json::array();
+      for (const auto& d : decoders) {
+        const auto b = d->stats();
+        batch.decoding += b.decoding, batch.joining += b.joining, batch.last_batch += b.last_batch;
+        batch.widest = std::max(batch.widest, b.widest), batch.steps += b.steps, batch.batched_tokens += b.batched_tokens;
+        loops.push_back({{"decoding", b.decoding}, {"joining", b.joining}, {"last", b.last_batch}, {"widest", b.widest}});
+      }
       std::lock_guard<std::mutex> lock(mutex);
       res.send(200, "application/json",
                dump(json{{"status", stopping.load() ? "stopping" : "ok"}, {"model", model.id},
                          {"workers", options.workers}, {"active", active}, {"queued", waiting},
                          {"queue", options.queue}, {"served", served.load()},
                          {"connections", http->open_connections()},
-                         {"batch", {{"max", options.max_batch}, {"completions", completing},
+                         {"batch", {{"max", options.max_batch}, {"decoders", options.decoders},
+                                    {"loops", loops}, {"completions", completing},
                                     {"decoding", batch.decoding}, {"joining", batch.joining},
                                     {"last", batch.last_batch}, {"widest", batch.widest}, {"steps", batch.steps},
                                     {"tokens", batch.batched_tokens}}}}));

@@ -22,7 +22,8 @@ struct ServeOptions {
   std::string api_key;      // required as "Authorization: Bearer KEY" on /v1/ when set
   std::string cors_origin;  // "" = no CORS headers
   int64_t workers = 0;      // attention requests using the model at once; 0 = the CPUs
-  int64_t max_batch = 64;   // completions decoded together (continuous batching)
+  int64_t max_batch = 64;   // completions decoded together by one decode loop (continuous batching)
+  int64_t decoders = 0;     // decode loops, a thread each; 0 = the CPUs (one on a GPU)
   int64_t prefill_chunk = 64;  // prompt tokens prefilled per decode step
   int64_t queue = 64;       // requests waiting for a worker or a row; beyond: 503
   int64_t max_tokens = 1024;          // per completion

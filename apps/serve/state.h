@@ -22,8 +22,15 @@ struct Server::State {
   ModelCard model;
   ServeOptions options;
   std::unique_ptr<HttpServer> http;
-  /// Every completion is decoded here, together (continuous batching).
-  std::unique_ptr<DecodeLoop> decode;
+  /// Every completion is decoded in one of these, with the others there (continuous
+  /// batching): the least loaded when it comes.
+  std::vector<std::unique_ptr<DecodeLoop>> decoders;
+  std::shared_ptr<TokenStream> submit(std::vector<int64_t> prompt, const GenerateOptions& options, bool every_token) {
+    DecodeLoop* least = decoders.front().get();
+    for (const auto& d : decoders)
+      if (d->load() < least->load()) least = d.get();
+    return least->submit(std::move(prompt), options, every_token);
+  }
   // Admission: `active` attention requests hold a worker, `waiting` wait for one;
   // `completing` completions are decoding or waiting for a row.
   std::mutex mutex;
@@ -63,11 +70,12 @@ struct Server::State {
   std::shared_ptr<void> admit_completion() {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopping.load()) throw Reject{503, "the server is shutting down", "server_busy", {"Retry-After: 5"}};
-    if (completing >= options.max_batch + options.queue)
+    const auto rows = options.max_batch * static_cast<int64_t>(decoders.size());
+    if (completing >= rows + options.queue)
       throw Reject{503,
                    "the server is busy: " + std::to_string(completing) + " completions decoding or waiting (--max-batch " +
-                       std::to_string(options.max_batch) + ", --queue " + std::to_string(options.queue) +
-                       "); retry shortly",
+                       std::to_string(options.max_batch) + " in each of " + std::to_string(decoders.size()) +
+                       " decode loops, --queue " + std::to_string(options.queue) + "); retry shortly",
                    "server_busy", {"Retry-After: 1"}};
     ++completing;
     return std::shared_ptr<void>(nullptr, [this](void*) {

@@ -231,7 +231,7 @@ check(srv.health()["status"] == "ok", "the server is unwell after the slow reade
 check(srv.stop() == 0, "SIGTERM did not exit 0")
 
 # ---- many clients: the bound, the queue, 503, a client that leaves --------------------------
-srv = Server(tinylm, run, "--max-batch", "1", "--queue", "1", "--max-tokens", "1000000", work=work)
+srv = Server(tinylm, run, "--max-batch", "1", "--decoders", "1", "--queue", "1", "--max-tokens", "1000000", work=work)
 long_body = json.dumps({"prompt": "3 4 5", "max_tokens": 1000000, "stream": True}).encode()
 stream = socket.create_connection((srv.host, srv.port), timeout=30)
 stream.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
@@ -257,8 +257,9 @@ check(srv.stop() == 0, "exit status after SIGTERM")
 
 # Continuous batching: 1, 8 and 64 clients at once, prompts of every length, lengths to
 # make past the context, greedy and seeded sampling, streamed or not: each gets the text
-# it gets alone, and the server's own count shows the batch really mixed.
-srv = Server(tinylm, run, "--max-batch", "64", "--queue", "64", "--prefill-chunk", "5", work=work)
+# it gets alone, and the server's own count shows the batch really mixed, in each of two
+# decode loops.
+srv = Server(tinylm, run, "--max-batch", "64", "--decoders", "2", "--queue", "64", "--prefill-chunk", "5", work=work)
 rng = random.Random(7)
 mixed = []
 for i in range(64):
@@ -295,9 +296,13 @@ for clients in (1, 8, 64):
         t.join(60)
     for i in range(clients):
         check(results[i] == alone[i], "%d clients, request %d %r: %r, alone %r" % (clients, i, mixed[i], results[i], alone[i]))
+# (A handler frees its completion slot just after its client has the answer.)
+wait_for(lambda: srv.health()["batch"]["completions"] == 0, 10, "every completion slot to be free")
 batch = srv.health()["batch"]
 check(batch["widest"] >= 4 and batch["completions"] == 0 and batch["decoding"] == 0,
       "64 clients were not decoded together: %r" % batch)
+check(batch["decoders"] == 2 and len(batch["loops"]) == 2 and all(loop["widest"] >= 2 for loop in batch["loops"]),
+      "the completions were not shared by both decode loops: %r" % batch)
 print("ok: 1, 8 and 64 clients at once, each the text it gets alone; widest batch %d, %d tokens in %d steps"
       % (batch["widest"], batch["tokens"], batch["steps"]))
 

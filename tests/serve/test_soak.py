@@ -20,7 +20,7 @@ run = fresh_run(tinylm, work)
 total = 2000 if os.environ.get("TINYLM_TEST_SMALL") == "1" else 10000
 clients = 64
 
-srv = Server(tinylm, run, "--max-batch", "64", "--queue", "256", "--max-connections", "256", work=work)
+srv = Server(tinylm, run, "--max-batch", "64", "--decoders", "2", "--queue", "256", "--max-connections", "256", work=work)
 lock = threading.Lock()
 counts = {"sent": 0, "plain": 0, "streamed": 0, "left": 0}
 failures = []
