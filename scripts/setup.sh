@@ -10,7 +10,9 @@
 #                                (tinylm serve's page in a headless browser), wrk (its
 #                                benchmark), python3-onnx (ONNX's checker), and where
 #                                packaged (Debian 13) python3-openai (OpenAI's client)
-#                                and python3-onnxruntime + libonnxruntime-dev (ONNX Runtime)
+#                                and python3-onnxruntime + libonnxruntime-dev (ONNX Runtime);
+#                                then ONNX Runtime Web from the npm registry
+#                                (scripts/onnxruntime-web.sh: the web export's test)
 #   scripts/setup.sh --fortunes  also the `fortunes` package: the English text of
 #                                configs/fortunes.toml (scripts/fortunes.sh)
 #   scripts/setup.sh --cuda      Debian 13 only, `contrib` and `non-free` enabled: LibTorch
@@ -92,4 +94,10 @@ openblas=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
 if [ -e "$openblas" ] && [ "$(readlink -f /etc/alternatives/$alt 2>/dev/null)" != "$(readlink -f $openblas)" ]; then
   echo "setup: selecting OpenBLAS for libblas.so.3"
   if [ "$(id -u)" -eq 0 ]; then update-alternatives --set "$alt" "$openblas"; else sudo update-alternatives --set "$alt" "$openblas"; fi
+fi
+
+# ONNX Runtime Web from the npm registry, for the web export's browser test (its script
+# and WebAssembly go into the page): fetched once into a cache, checked by its sha512.
+if [ "$test" = 1 ]; then
+  "$(dirname "$0")/onnxruntime-web.sh" > /dev/null
 fi

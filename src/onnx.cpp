@@ -213,6 +213,21 @@ std::string onnx_refusal(const nn::LanguageModelImpl& model) {
   return "ONNX export covers the kinds 'tiny' and 'transformer', not '" + model.architecture().kind + "'";
 }
 
+std::vector<OnnxLayerCache> onnx_cache_layout(const nn::LanguageModelImpl& model) {
+  const auto refusal = onnx_refusal(model);
+  TORCH_CHECK(refusal.empty(), refusal);
+  std::vector<const nn::MultiHeadSelfAttentionImpl*> layers;
+  if (const auto* tiny = dynamic_cast<const nn::TinyAttentionLMImpl*>(&model)) {
+    layers.push_back(tiny->attention.get());
+  } else {
+    const auto& t = dynamic_cast<const nn::TransformerLMImpl&>(model);
+    for (const auto& block : *t.blocks) layers.push_back(block->as<nn::TransformerBlock>()->attn.get());
+  }
+  std::vector<OnnxLayerCache> out;
+  for (const auto* a : layers) out.push_back({a->options.n_heads(), a->n_kv_heads(), a->d_head()});
+  return out;
+}
+
 std::string onnx_model(nn::LanguageModelImpl& model, std::map<std::string, std::string> metadata,
                        const OnnxOptions& options) {
   const auto refusal = onnx_refusal(model);

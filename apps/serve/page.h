@@ -1,5 +1,6 @@
-// The explorer page's files (apps/serve/page/), compiled into the binary by
-// apps/serve/embed_page.cmake: nothing is read from disk or fetched at run time.
+// The explorer page's files (apps/serve/page/) and the web export's (apps/web/page/),
+// compiled into the binary by apps/serve/embed_page.cmake: nothing is read from disk or
+// fetched at run time.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +15,10 @@ struct PageFile {
   size_t size;
 };
 
-/// The file of that name, or nullptr.
+/// The explorer page's file of that name, or nullptr.
 const PageFile* page_file(const std::string& name);
+
+/// The web export's file of that name (`tinylm export --format web`), or nullptr.
+const PageFile* web_page_file(const std::string& name);
 
 }  // namespace tinylm::serve

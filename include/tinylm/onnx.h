@@ -19,6 +19,17 @@ constexpr int64_t kOnnxOpset = 17;
 /// and TransformerLM option is covered; another kind (a program's own) is not.
 std::string onnx_refusal(const nn::LanguageModelImpl& model);
 
+/// One attention layer of the KV-cache graph, in order: its `past_key_values.N.key` and
+/// `.value` are (batch, kv_heads, past_sequence, d_head), its `attentions.N` (batch, heads,
+/// sequence, past_sequence + sequence).
+struct OnnxLayerCache {
+  int64_t heads = 0, kv_heads = 0, d_head = 0;
+};
+
+/// The model's attention layers as the KV-cache graph takes them (what a runtime needs to
+/// make the first call's empty past). Throws on what onnx_refusal names.
+std::vector<OnnxLayerCache> onnx_cache_layout(const nn::LanguageModelImpl& model);
+
 /// Which graph onnx_model() writes.
 struct OnnxOptions {
   /// Also takes and returns the KV cache, to generate a token at a time (the layout ONNX

@@ -175,8 +175,10 @@ cp llama.onnx llama-first.onnx
 out=$("$tinylm" export llama/best.ckpt --format onnx --out llama.onnx 2>&1) && fail "ONNX export over a file exited 0"
 grep -qF "already exists" <<<"$out" || fail "ONNX export over a file: $out"
 cmp -s llama.onnx llama-first.onnx || fail "a refused ONNX export changed llama.onnx"
-out=$("$tinylm" export llama/best.ckpt --format web --out llama.html 2>&1) && fail "--format web exited 0"
-grep -qF "must be pytorch" <<<"$out" || fail "--format web: $out"
+out=$("$tinylm" export llama/best.ckpt --format html --out llama.html 2>&1) && fail "--format html exited 0"
+grep -qF "must be pytorch" <<<"$out" || fail "--format html: $out"
+out=$("$tinylm" export llama/best.ckpt --format web --out llama-page 2>&1) && fail "--format web without the runtime exited 0"
+grep -qF "give --onnxruntime-web DIR" <<<"$out" || fail "--format web without the runtime: $out"
 echo "ok   a rotary, RMSNorm, SwiGLU, grouped-query model trains, inspects, evaluates, samples; nanoGPT export refuses it, ONNX takes it"
 
 refused "missing" "missing.ckpt" missing.ckpt
