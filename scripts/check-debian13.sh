@@ -121,7 +121,16 @@ prepare() {
     # Decline NVIDIA's cuDNN licence: the package then installs without downloading.
     echo "nvidia-cudnn nvidia-cudnn/question select I Decline" | in_root debconf-set-selections
   fi
-  cp "$repo/scripts/setup.sh" "$root/root/setup.sh"
+  cp "$repo/scripts/setup.sh" "$repo/scripts/onnxruntime-web.sh" "$root/root/"
+  if [ "$cuda" = 0 ]; then
+    # ONNX Runtime Web (the web export's test) is fetched here, with this machine's
+    # certificates (a root made by debootstrap has Debian's alone), and copied in.
+    local ort_web
+    ort_web=$("$repo/scripts/onnxruntime-web.sh")
+    mkdir -p "$root/var/cache/tinylm/npm"
+    [ -d "$root/var/cache/tinylm/npm/$(basename "$(dirname "$ort_web")")" ] ||
+      cp -a "$(dirname "$ort_web")" "$root/var/cache/tinylm/npm/"
+  fi
   in_root bash /root/setup.sh "${setup_args[@]}"
   if [ "$cuda" = 1 ]; then
     cp "$repo/scripts/cudnn-stub.sh" "$root/root/cudnn-stub.sh"
