@@ -80,7 +80,7 @@ try:
         kind = (card.get("tokenizer") or {}).get("kind", "ids")
         prompt = "Once upon a time" if kind == "byte" else "1 2 3 4"
         prompt_ids = list(prompt.encode()) if kind == "byte" else [int(t) for t in prompt.split()]
-        config = {"checkpoint": name, "kind": card["architecture"]["kind"], "tokenizer": kind, "tokens": a.tokens}
+        config = {"checkpoint": name, "kind": card["model"]["kind"], "tokenizer": kind, "tokens": a.tokens}
         model = os.path.join(work, "m%d.kv.onnx" % index)
         run(a.tinylm, "export", ckpt, "--format", "onnx", "--kv-cache", "--out", model)
         rates, text = [], None
@@ -135,9 +135,11 @@ try:
             from selenium.webdriver.common.by import By
             page = os.path.join(work, "page%d" % index)
             run(a.tinylm, "export", ckpt, "--format", "web", "--out", page, "--onnxruntime-web", ort_web)
-            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=page)
-            handler.log_message = lambda *args: None
-            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            class Quiet(http.server.SimpleHTTPRequestHandler):
+                def log_message(self, *args):
+                    pass
+
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=page))
             threading.Thread(target=server.serve_forever, daemon=True).start()
             options = webdriver.ChromeOptions()
             options.binary_location = shutil.which("chromium")
