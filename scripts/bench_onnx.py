@@ -8,7 +8,7 @@ tinylm's. On the reference run's checkpoint (trained into a scratch folder) unle
 --checkpoint is given (repeatable). One JSON object per line, then a summary line.
 ONNX Runtime's Python and C++ runs need Debian 13's packages (run this in its root there);
 a runtime that is absent is left out, saying so.
-usage: scripts/bench_onnx.py [--tinylm build/release/tinylm] [--checkpoint CKPT]...
+usage: scripts/bench_onnx.py [--tinylm build/release/tinylm] [--checkpoint [NAME=]CKPT]...
                              [--ort-generate build/release/tests/tinylm_ort_generate]
                              [--tokens 200] [--repeats 3] [--no-browser]"""
 import argparse
@@ -28,7 +28,8 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--tinylm", default=os.path.join(here, "..", "build", "release", "tinylm"))
-p.add_argument("--checkpoint", action="append", help="checkpoint or run directory (default: the reference run)")
+p.add_argument("--checkpoint", action="append",
+               help="[NAME=]checkpoint or run directory, repeatable (default: the reference run, trained)")
 p.add_argument("--ort-generate", default=os.path.join(here, "..", "build", "release", "tests", "tinylm_ort_generate"))
 p.add_argument("--tokens", type=int, default=200, help="tokens generated after the prompt")
 p.add_argument("--repeats", type=int, default=3)
@@ -56,7 +57,7 @@ try:
     if not checkpoints:
         ref = os.path.join(work, "reference")
         run(a.tinylm, "train", "--out-dir", ref)
-        checkpoints = [ref]
+        checkpoints = ["reference=" + ref]
     try:
         import numpy as np
         import onnxruntime
@@ -74,9 +75,10 @@ try:
         if not ort_web:
             print("note: ONNX Runtime Web is not fetched (scripts/onnxruntime-web.sh): the page left out")
 
-    for index, ckpt in enumerate(checkpoints):
+    for index, given in enumerate(checkpoints):
+        name, _, ckpt = given.rpartition("=")
+        name = name or os.path.basename(os.path.normpath(ckpt))
         card = json.loads(run(a.tinylm, "inspect", ckpt, "--json").stdout)
-        name = "%d:%s" % (index, os.path.basename(os.path.normpath(ckpt)))
         kind = (card.get("tokenizer") or {}).get("kind", "ids")
         prompt = "Once upon a time" if kind == "byte" else "1 2 3 4"
         prompt_ids = list(prompt.encode()) if kind == "byte" else [int(t) for t in prompt.split()]

@@ -317,6 +317,22 @@ def serve_block(file):
     return render
 
 
+def onnx_block(file):
+    """A scripts/bench_onnx.py run: greedy tokens/s with the KV cache in each runtime, and
+    each against `tinylm sample` in the same run."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        runs = [r for r in records if r.get("case") == "greedy_kv_cache"]
+        if not runs:
+            raise Missing(f"docs/figures/{file}.jsonl has no greedy_kv_cache record")
+        rows = [[f"`{r['config']['checkpoint']}`", r["config"]["kind"], r["runtime"], f"**{grouped(r['tokens_per_s'])}**",
+                 f"{r['over_tinylm_sample']:.2f}×"] for r in runs]
+        return (provenance(meta, meta["command"]) + f" ({runs[0]['config']['tokens']} tokens after the prompt, "
+                "greedy, one thread each; each runtime's generation loop alone, the median of its repeats):\n\n" +
+                table(["checkpoint", "model", "runtime", "tokens/s", "over tinylm sample"], rows))
+    return render
+
+
 def readme_speed_block(ctx):
     meta, _, ratios = pytorch_ratios("pytorch-debian12")
     def r(case):
@@ -354,6 +370,7 @@ BLOCKS = {
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
     "serve-p2-epyc": serve_block("serve-p2-epyc"),
+    "onnx-debian13": onnx_block("onnx-debian13"),
 }
 
 
