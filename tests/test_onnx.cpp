@@ -100,10 +100,20 @@ TEST_CASE("write ONNX models of every kind and option with their logits", "[.][o
     model->eval();
     torch::NoGradGuard no_grad;
     c10::Dict<std::string, at::Tensor> dict;
+    const std::string stem = std::string(dir) + "/" + name;
     for (const int64_t T : {int64_t{16}, int64_t{5}}) {
       const auto ids = torch::randint(40, {3, T}, torch::kLong);
+      const auto logits = model->forward(ids).logits;
       dict.insert("ids." + std::to_string(T), ids);
-      dict.insert("logits." + std::to_string(T), model->forward(ids).logits);
+      dict.insert("logits." + std::to_string(T), logits);
+      // The same as raw little-endian arrays, for the C++ runtime test (no LibTorch there).
+      const auto raw = [](const std::string& path, const torch::Tensor& t) {
+        const auto c = t.contiguous();
+        std::ofstream(path, std::ios::binary)
+            .write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+      };
+      raw(stem + ".3x" + std::to_string(T) + ".ids", ids);
+      raw(stem + ".3x" + std::to_string(T) + ".logits", logits);
     }
     // Greedy generation past the context (16): what the KV-cache graph must reproduce
     // (generate() is what `tinylm sample --greedy` runs).
@@ -113,7 +123,6 @@ TEST_CASE("write ONNX models of every kind and option with their logits", "[.][o
     const auto prompt = torch::randint(40, {2, 3}, torch::kLong);
     dict.insert("greedy.prompt", prompt);
     dict.insert("greedy.tokens", generate(*model, prompt, greedy));
-    const std::string stem = std::string(dir) + "/" + name;
     const std::map<std::string, std::string> metadata = {
         {"tinylm.kind", model->architecture().kind},
         {"tinylm.context_length", std::to_string(model->context_length())}};

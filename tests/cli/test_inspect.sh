@@ -70,6 +70,17 @@ refused "truncated" "is truncated" truncated.ckpt
 refused "corrupt" "is corrupt: its checksum does not match" corrupt.ckpt
 refused "not a checkpoint" "is not a tinylm checkpoint" text.ckpt
 refused "no checkpoint in a directory" "holds no step-*.ckpt checkpoint" empty-run
+# Export refuses them as inspect does, in one line, and writes nothing.
+for bad in "truncated:is truncated" "corrupt:is corrupt: its checksum does not match" "text:is not a tinylm checkpoint"; do
+  for format in pytorch onnx web; do
+    out=$("$tinylm" export "${bad%%:*}.ckpt" --format "$format" --out "bad-${bad%%:*}-$format" 2>&1) &&
+      fail "export --format $format of ${bad%%:*}.ckpt exited 0"
+    grep -qF -- "${bad#*:}" <<<"$out" && [ "$(grep -c . <<<"$out")" -eq 1 ] ||
+      fail "export --format $format of ${bad%%:*}.ckpt: $out"
+    [ -e "bad-${bad%%:*}-$format" ] && fail "export --format $format of ${bad%%:*}.ckpt wrote bad-${bad%%:*}-$format"
+  done
+done
+echo "ok   export (pytorch, onnx, web) refuses a truncated, corrupt or foreign file as inspect does"
 
 # Strings from the file (its version, option names and values) never reach the terminal
 # as escape sequences.

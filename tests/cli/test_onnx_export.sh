@@ -24,6 +24,19 @@ done
 rm -rf "$work" && mkdir -p "$work/graphs" && cd "$work" || exit 1
 TINYLM_ONNX_DIR="$work/graphs" "$tests" "[onnx-export]" > write.log 2>&1 || { cat write.log; exit 1; }
 /usr/bin/python3 "$src/tests/python/onnx_export.py" "$work/graphs" || exit 1
+if [ "$ort" != none ]; then  # the same logits through ONNX Runtime's C++ API
+  worst=0 graphs=0
+  for model in graphs/*.onnx; do
+    stem=${model%.onnx} stem=${stem%.kv}
+    for T in 16 5; do
+      diff=$("$ort" --logits "$model" "$stem.3x$T.ids" "$stem.3x$T.logits" 3 "$T" 2> ort-logits.err) ||
+        fail "$model, T=$T: ONNX Runtime's C++ API differs from tinylm by ${diff:-?} (allowed 1e-5) $(grep -v '^Schema error\|^$' ort-logits.err | tail -2)"
+      worst=$(/usr/bin/python3 -c "print(max($worst, $diff))")
+    done
+    graphs=$((graphs + 1))
+  done
+  echo "ok   ONNX Runtime's C++ API: $graphs graphs give tinylm's logits (largest relative difference $worst)"
+fi
 
 train() {  # NAME FLAGS...: a copy-task run of that kind, trained enough that its greedy text varies
   local name=$1; shift
