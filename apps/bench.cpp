@@ -3,6 +3,7 @@
 // Over 400 lines on purpose: one harness (timing, pairing, JSON output) and its cases,
 // each a few dozen lines that share those helpers.
 #include "bench.h"
+#include "onednn_peak.h"
 #include "op_profile.h"
 #include "spawn.h"
 
@@ -185,6 +186,25 @@ double matmul_peak(bool quick) {
   emit_value("peak", "matmul_gflops", "GFLOP/s", best,
              Json{{"op", "mm"}, {"n", n}, {"dtype", "float32"}, {"of", "the higher of peak_blas and peak_libxsmm"},
                   {"kernels", nn::cpu_kernels_description()}});
+  // bfloat16 products (issue 40): oneDNN's, float32 and bfloat16 in (float32 out), with
+  // the kernel it picks for this CPU (AMX, AVX512-BF16 or a conversion to float32).
+  if (!onednn_missing().empty()) {
+    logger()->warn("bench: no bfloat16 peak: {}", onednn_missing());
+    return best;
+  }
+  double float32 = best;
+  for (const bool bf16 : {false, true}) {
+    const auto r = onednn_matmul(n, bf16, quick ? 3 : 15);
+    const double gflops = flops / 1e9 / r.seconds;
+    emit_value(bf16 ? "peak_bf16_onednn" : "peak_onednn", "matmul_gflops", "GFLOP/s", gflops,
+               Json{{"op", "mm"}, {"n", n}, {"dtype", bf16 ? "bfloat16 in, float32 out" : "float32"},
+                    {"backend", "onednn " + onednn_version()}, {"impl", r.impl}});
+    if (!bf16) float32 = std::max(float32, gflops);
+    if (bf16)
+      emit_value("peak_bf16_onednn", "over_float32_peak", "x", gflops / float32,
+                 Json{{"n", n}, {"of", "peak_bf16_onednn over the highest float32 peak (BLAS, libxsmm, oneDNN)"},
+                      {"impl", r.impl}});
+  }
   return best;
 }
 

@@ -367,6 +367,7 @@ BLOCKS = {
     "recipes-fortunes": eval_block("recipes-fortunes"),
     "bench-arch": bench_block("bench-arch", ["arch"]),
     "bench-decode": bench_block("bench-decode", ["decode"]),
+    "bench-bf16-peak": bench_block("bench-bf16-peak", ["peak"]),
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
     "serve-p2-epyc": serve_block("serve-p2-epyc"),

@@ -70,6 +70,9 @@ fi
 # libxsmm (JIT small-matrix kernels for the fused CPU ops) exists for x86-64 only; the
 # build falls back to its own kernels or BLAS without it.
 if [ "$(dpkg --print-architecture)" = "amd64" ]; then packages+=(libxsmm-dev); fi
+# oneDNN: bfloat16 products with the CPU's AVX512-BF16 and AMX kernels (the bench's bfloat16
+# peak; the build does without it).
+packages+=(libdnnl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

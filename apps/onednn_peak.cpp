@@ -1,0 +1,71 @@
+// oneDNN's matrix products for the bench (onednn_peak.h). Built with oneDNN 2.x (Debian 12)
+// or 3.x (Debian 13): their primitive descriptors are made differently.
+#include "onednn_peak.h"
+
+#include <torch/torch.h>
+
+#if defined(TINYLM_HAVE_ONEDNN)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace tinylm {
+
+#if defined(TINYLM_HAVE_ONEDNN)
+
+std::string onednn_missing() { return ""; }
+
+std::string onednn_version() {
+  const auto* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+OnednnProduct onednn_matmul(int64_t n, bool bf16, int reps) {
+  using namespace dnnl;
+  TORCH_CHECK(n >= 1 && reps >= 1, "onednn_matmul: n and reps must be >= 1, got ", n, " and ", reps);
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  const auto in = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::dims square = {n, n};
+  const memory::desc a(square, in, memory::format_tag::ab), b_plain(square, in, memory::format_tag::ab),
+      b_any(square, in, memory::format_tag::any), c(square, memory::data_type::f32, memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+  const matmul::primitive_desc pd(eng, a, b_any, c);
+#else
+  const matmul::primitive_desc pd(matmul::desc(a, b_any, c), eng);
+#endif
+  // The weights in the layout oneDNN wants (packed once, as a layer's weights would be).
+  // Zeros: a product's time does not depend on its values.
+  memory ma(a, eng), mb_plain(b_plain, eng), mb(pd.weights_desc(), eng), mc(c, eng);
+  const size_t bytes = static_cast<size_t>(n * n) * (bf16 ? 2 : 4);
+  std::vector<unsigned char> zero(bytes, 0);
+  std::copy(zero.begin(), zero.end(), static_cast<unsigned char*>(ma.get_data_handle()));
+  std::copy(zero.begin(), zero.end(), static_cast<unsigned char*>(mb_plain.get_data_handle()));
+  reorder(mb_plain, mb).execute(s, mb_plain, mb);
+  matmul product(pd);
+  auto run = [&] { product.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}}); };
+  run();
+  s.wait();
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    s.wait();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return {times[reps / 2], pd.impl_info_str()};
+}
+
+#else
+
+std::string onednn_missing() { return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)"; }
+std::string onednn_version() { return ""; }
+OnednnProduct onednn_matmul(int64_t, bool, int) { TORCH_CHECK(false, onednn_missing()); }
+
+#endif
+
+}  // namespace tinylm
