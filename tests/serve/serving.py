@@ -1,5 +1,6 @@
 """What the `tinylm serve` tests share: a trained checkpoint, a server started on a free
-port (and stopped), and raw HTTP helpers (Python's standard library only)."""
+port (and stopped), and raw HTTP helpers (Python's standard library only); and headless
+Chromium for the tests of pages (tests/serve/test_browser.py, tests/web/)."""
 import atexit
 import ctypes
 import http.client
@@ -22,6 +23,30 @@ def fail(message):
 def check(condition, message):
     if not condition:
         fail(message)
+
+
+def chromium(work, window="1300,1100"):
+    """Headless Chromium driven by chromium-driver through Selenium, with the page's console
+    kept (driver.get_log("browser")); exits 77 (skipped), saying what to install, where one
+    of them is missing."""
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        print("SKIPPED: python3-selenium is not installed (scripts/setup.sh --test installs it)")
+        sys.exit(77)
+    browser = shutil.which("chromium")
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    if not browser or not os.path.exists(driver_path):
+        print("SKIPPED: chromium and chromium-driver are not installed (scripts/setup.sh --test installs them)")
+        sys.exit(77)
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=" + window, "--user-data-dir=" + os.path.join(work, "profile")):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver_path), options=options)
 
 
 def train(tinylm, work, name="run", *flags):

@@ -13,27 +13,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving import Server, check, fail, train  # noqa: E402
+from serving import Server, check, chromium, fail, train  # noqa: E402
 
 tinylm, work = sys.argv[1], sys.argv[2]
 screenshot = sys.argv[3] if len(sys.argv) > 3 else os.path.join(work, "explorer.png")
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-except ImportError:
-    print("SKIPPED: python3-selenium is not installed (scripts/setup.sh installs it)")
-    sys.exit(77)
-browser = shutil.which("chromium")
-driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-if not browser or not os.path.exists(driver_path):
-    print("SKIPPED: chromium and chromium-driver are not installed (scripts/setup.sh installs them)")
-    sys.exit(77)
-
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
+
 # A transformer with 2 layers x 2 heads on bytes: a grid of more than one cell each way.
 text_file = os.path.join(work, "text.txt")
 with open(text_file, "w") as f:
@@ -42,13 +28,10 @@ run = train(tinylm, work, "run", "--task", "text", "--data", text_file, "--vocab
             "transformer", "--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--context-length", "64",
             "--seq-len", "64", "--epochs", "2", "--steps-per-epoch", "40", "--log-every", "5")
 srv = Server(tinylm, run, work=work)
-
-options = webdriver.ChromeOptions()
-options.binary_location = browser
-for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1500",
-            "--user-data-dir=" + os.path.join(work, "profile")):
-    options.add_argument(arg)
-driver = webdriver.Chrome(service=Service(driver_path), options=options)
+driver = chromium(work, "1400,1500")  # (or skipped, saying what is missing)
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 driver.set_script_timeout(30)
 
 

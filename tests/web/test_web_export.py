@@ -10,7 +10,6 @@ Exits 77 (skipped) where Chromium, its driver, Selenium or ONNX Runtime Web (fet
 scripts/setup.sh --test from the npm registry) is absent."""
 import functools
 import http.server
-import json
 import os
 import shutil
 import subprocess
@@ -20,20 +19,8 @@ import time
 
 tinylm, source, work = sys.argv[1:4]
 sys.path.insert(0, os.path.join(source, "tests", "serve"))
-from serving import check, fail, train  # noqa: E402
+from serving import check, chromium, train  # noqa: E402
 
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-except ImportError:
-    print("SKIPPED: python3-selenium is not installed (scripts/setup.sh --test installs it)")
-    sys.exit(77)
-browser = shutil.which("chromium")
-driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-if not browser or not os.path.exists(driver_path):
-    print("SKIPPED: chromium and chromium-driver are not installed (scripts/setup.sh --test installs them)")
-    sys.exit(77)
 where = subprocess.run(["bash", os.path.join(source, "scripts", "onnxruntime-web.sh"), "--where"],
                        capture_output=True, text=True)
 if where.returncode != 0:
@@ -97,13 +84,9 @@ class Files(http.server.SimpleHTTPRequestHandler):
         super().do_GET()
 
 
-options = webdriver.ChromeOptions()
-options.binary_location = browser
-for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1300,1100",
-            "--user-data-dir=" + os.path.join(work, "profile")):
-    options.add_argument(arg)
-options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-driver = webdriver.Chrome(service=Service(driver_path), options=options)
+driver = chromium(work)  # (or skipped, saying what is missing)
+from selenium.webdriver.common.by import By  # noqa: E402
+
 speeds = []
 try:
     for name, (run, prompt) in runs.items():
