@@ -205,6 +205,34 @@ double matmul_peak(bool quick) {
                  Json{{"n", n}, {"of", "peak_bf16_onednn over the highest float32 peak (BLAS, libxsmm, oneDNN)"},
                       {"impl", r.impl}});
   }
+  // P2's products as its linear layers make them (4 x 128 tokens; x W^T), through the
+  // library: float32 (nn::gemm as the policy chooses) against bfloat16 (nn::gemm_bf16, the
+  // rounding of both operands included).
+  if (!nn::bf16_products_missing().empty()) {
+    logger()->warn("bench: no bfloat16 products through the library: {}", nn::bf16_products_missing());
+    return best;
+  }
+  const int64_t M = quick ? 64 : 512;
+  double seconds[2] = {0, 0};
+  for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{768, 256}, {256, 256}, {1024, 256}, {256, 1024}}) {
+    auto x = torch::randn({M, K}), w = torch::randn({N, K}), y = torch::empty({M, N});
+    for (const bool bf16 : {false, true}) {
+      const auto s = time_per_call([&] {
+        if (bf16)
+          nn::gemm_bf16(false, true, M, N, K, x.data_ptr<float>(), K, w.data_ptr<float>(), K, y.data_ptr<float>(), N,
+                        false);
+        else
+          nn::gemm(false, true, M, N, K, x.data_ptr<float>(), K, w.data_ptr<float>(), K, y.data_ptr<float>(), N,
+                   false, nn::GemmBackend::automatic);
+      }, quick ? 1 : 3, quick ? 3 : 9, quick ? 1 : 5);
+      seconds[bf16] += s.median;
+    }
+  }
+  emit_value("peak_bf16_p2_linears", "over_float32", "x", seconds[0] / seconds[1],
+             Json{{"M", M}, {"shapes", "x W^T, (N, K): (768, 256), (256, 256), (1024, 256), (256, 1024)"},
+                  {"float32_ms", 1e3 * seconds[0]}, {"bfloat16_ms", 1e3 * seconds[1]},
+                  {"of", "the sum of P2's four products' times, float32 over bfloat16"},
+                  {"kernels", nn::bf16_products_description()}});
   return best;
 }
 

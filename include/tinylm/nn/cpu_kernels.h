@@ -86,4 +86,22 @@ KernelCounts kernel_counts();
 /// "products: libxsmm 1.17 (JIT, avx512_...) for small, BLAS sgemm for large; loops: avx2".
 std::string cpu_kernels_description();
 
+/// x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), as a float.
+float round_to_bf16(float x);
+
+/// bfloat16 products (issue 40): C (+)= op(A) op(B) as gemm() takes them, with A and B
+/// rounded to bfloat16 (round_to_bf16) and the products summed in float32, by oneDNN's
+/// kernel for this CPU (AMX tiles, AVX512-BF16 dot products). Throws where
+/// bf16_products_missing() says why not.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+/// "" where gemm_bf16 runs here, else why not: a build without oneDNN, or a CPU without
+/// bfloat16 instructions (there oneDNN converts to float32, slower than float32 itself).
+std::string bf16_products_missing();
+
+/// What gemm_bf16 runs here ("bfloat16 products: oneDNN 2.6 (brg:avx512_core_amx_bf16 ...)"),
+/// or why it does not.
+std::string bf16_products_description();
+
 }  // namespace tinylm::nn

@@ -1,0 +1,168 @@
+// bfloat16 products (cpu_kernels.h: gemm_bf16) through oneDNN's matmul, whose kernel for
+// this CPU is AMX tiles or AVX512-BF16 dot products, with float32 sums (issue 40). The
+// operands are rounded to bfloat16 here, into buffers of this thread's; each shape's
+// primitive is made once per thread and kept. Built with oneDNN 2.x (Debian 12) or 3.x
+// (Debian 13), whose primitive descriptors are made differently.
+#include <tinylm/nn/cpu_kernels.h>
+
+#include <c10/util/Exception.h>
+
+#if defined(TINYLM_HAVE_ONEDNN)
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace tinylm::nn {
+
+namespace {
+
+/// float32 -> bfloat16, to nearest with ties to even (NaN stays NaN).
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+/// op(X) (rows x cols, row-major with stride ld, or its transpose) as bfloat16, row-major.
+void round_into_bf16(bool trans, int64_t rows, int64_t cols, const float* X, int64_t ld, std::vector<uint16_t>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = to_bf16(trans ? X[j * ld + i] : X[i * ld + j]);
+}
+
+}  // namespace
+
+float round_to_bf16(float x) {
+  const uint32_t u = static_cast<uint32_t>(to_bf16(x)) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+#if defined(TINYLM_HAVE_ONEDNN)
+
+namespace {
+
+/// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) or AMX-BF16 (leaf 7, EDX bit 22): what
+/// makes oneDNN's bfloat16 products faster than float32's (elsewhere it converts).
+bool cpu_has_bf16() {
+#if !defined(__x86_64__)
+  return false;
+#else
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx = (d >> 22) & 1u;
+  const unsigned subleaves = a;
+  bool avx512 = false;
+  if (subleaves >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512 = (a >> 5) & 1u;
+  return amx || avx512;
+#endif
+}
+
+struct Bf16Thread {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::pair<dnnl::matmul, std::string>> products;
+  std::vector<uint16_t> a, b;
+};
+
+Bf16Thread& bf16_thread() {
+  thread_local Bf16Thread t;
+  return t;
+}
+
+/// The primitive for C (M x N, row stride ldc) (+)= A (M x K) B (K x N), all row-major.
+std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, int64_t M, int64_t N, int64_t K, int64_t ldc, bool accumulate) {
+  const auto key = std::make_tuple(M, N, K, ldc, accumulate);
+  auto it = t.products.find(key);
+  if (it != t.products.end()) return it->second;
+  using dnnl::memory;
+  const memory::desc a({M, K}, memory::data_type::bf16, memory::format_tag::ab),
+      b({K, N}, memory::data_type::bf16, memory::format_tag::ab),
+      c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::matmul::primitive_desc pd(t.engine, a, b, c, attr);
+#else
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, t.engine);
+#endif
+  return t.products.emplace(key, std::make_pair(dnnl::matmul(pd), std::string(pd.impl_info_str()))).first->second;
+}
+
+}  // namespace
+
+std::string bf16_products_missing() {
+  static const std::string why =
+      cpu_has_bf16() ? "" : "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): its bfloat16 products "
+                            "would be slower than float32's";
+  return why;
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
+              "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
+              " for M=", M, " N=", N, " K=", K, ")");
+  TORCH_CHECK(bf16_products_missing().empty(), "gemm_bf16: ", bf16_products_missing());
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
+    return;
+  }
+  auto& t = bf16_thread();
+  round_into_bf16(trans_a, M, K, A, lda, t.a);
+  round_into_bf16(trans_b, K, N, B, ldb, t.b);
+  auto& p = bf16_product(t, M, N, K, ldc, accumulate).first;
+  using dnnl::memory;
+  memory a({{M, K}, memory::data_type::bf16, memory::format_tag::ab}, t.engine, t.a.data());
+  memory b({{K, N}, memory::data_type::bf16, memory::format_tag::ab}, t.engine, t.b.data());
+  memory c({{M, N}, memory::data_type::f32, memory::dims{ldc, 1}}, t.engine, C);
+  p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  t.stream.wait();
+}
+
+std::string bf16_products_description() {
+  if (!bf16_products_missing().empty()) return "no bfloat16 products: " + bf16_products_missing();
+  const auto* v = dnnl_version();
+  constexpr int64_t n = 256;  // a layer's product: oneDNN picks its kernel by shape
+  std::vector<float> a(n * n, 0.0f), b(n * n, 0.0f), c(n * n);
+  gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
+  auto& t = bf16_thread();
+  return "bfloat16 products: oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + " (" +
+         bf16_product(t, n, n, n, n, false).second + " at 256 x 256 x 256)";
+}
+
+#else
+
+std::string bf16_products_missing() {
+  return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)";
+}
+
+void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
+               bool) {
+  TORCH_CHECK(false, "gemm_bf16: ", bf16_products_missing());
+}
+
+std::string bf16_products_description() { return "no bfloat16 products: " + bf16_products_missing(); }
+
+#endif
+
+}  // namespace tinylm::nn
