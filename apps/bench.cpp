@@ -214,7 +214,8 @@ double matmul_peak(bool quick) {
   }
   const int64_t M = quick ? 64 : 512;
   double seconds[2] = {0, 0};
-  for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{768, 256}, {256, 256}, {1024, 256}, {256, 1024}}) {
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{{768, 256}, {256, 256}, {1024, 256}, {256, 1024}}) {
+    const int64_t N = shape.first, K = shape.second;  // captured below: C++17 captures no structured binding
     auto x = torch::randn({M, K}), w = torch::randn({N, K}), y = torch::empty({M, N});
     for (const bool bf16 : {false, true}) {
       const auto s = time_per_call([&] {
