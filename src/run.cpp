@@ -3,6 +3,7 @@
 #include <tinylm/error.h>
 #include <tinylm/data/tokenizer.h>
 #include <tinylm/log.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/model_kind.h>
 #include <tinylm/run.h>
 #include <tinylm/train/resources.h>
@@ -66,8 +67,9 @@ train::Trainer make_trainer(const RunConfig& c, std::shared_ptr<train::ProcessGr
   // Each process of a job on one host takes its own GPU (LOCAL_RANK).
   if (group) options.device(train::resolve_device(c.device, group->options().local_rank));
   options.process_group(std::move(group));
-  TORCH_CHECK(!c.trainer.bf16() || options.device().is_cuda(),
-              "bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda");
+  TORCH_CHECK(!c.trainer.bf16() || options.device().is_cuda() || nn::bf16_products_missing().empty(),
+              "bf16 on the CPU needs bfloat16 products, and ", nn::bf16_products_missing(),
+              ": turn bf16 off or set device to cuda");
   // Before anything large is allocated: a run that cannot fit is refused here.
   check_memory(c, c.trainer.batch_size(), /*training=*/true, options.device().is_cuda());
   std::shared_ptr<data::Task> task = make_task(c);

@@ -6,6 +6,7 @@
 #include <tinylm/data/prepare.h>
 #include <tinylm/data/tasks.h>
 #include <tinylm/nn/attention.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/run.h>
 #include <tinylm/train/checkpoint.h>
@@ -185,7 +186,7 @@ TEST_CASE("trainer_options carry every training setting of the config, and the c
   CHECK_THAT(error_message([&] { trainer_options(c); }), Catch::Contains("lr must be a finite number > 0, got 0"));
 }
 
-TEST_CASE("make_trainer builds the config's run and refuses a task of another vocabulary or bf16 on a CPU",
+TEST_CASE("make_trainer builds the config's run and refuses a task of another vocabulary, and bf16 on a CPU without bfloat16 products",
           "[run][errors]") {
   const auto dir = tinylm::test::scratch_dir("run_make_trainer");
   tinylm::test::write_file(dir / "c.txt", tinylm::test::corpus(400));
@@ -209,8 +210,17 @@ TEST_CASE("make_trainer builds the config's run and refuses a task of another vo
   CHECK(std::isfinite(trainer.train_step()));
 
   c.trainer.bf16(true);
-  CHECK_THAT(error_message([&] { make_trainer(c); }),
-             Catch::Contains("bf16 autocast needs a CUDA device: turn bf16 off or set device to cuda"));
+  if (!tinylm::nn::bf16_products_missing().empty()) {
+    CHECK_THAT(error_message([&] { make_trainer(c); }),
+               Catch::Contains("bf16 on the CPU needs bfloat16 products, and " + tinylm::nn::bf16_products_missing() +
+                               ": turn bf16 off or set device to cuda"));
+  } else {  // the model's products in bfloat16
+    auto bf16 = make_trainer(c);
+    CHECK(bf16.model()->kernel_policy()->bf16_products);
+    const auto before = tinylm::nn::kernel_counts();
+    CHECK(std::isfinite(bf16.train_step()));
+    CHECK((tinylm::nn::kernel_counts() - before).gemm_bf16 > 0);
+  }
 }
 
 TEST_CASE("config_from_checkpoint reads the stored config, skipping keys this tinylm does not know",

@@ -1,9 +1,13 @@
 // bfloat16 products (cpu_kernels.h: gemm_bf16) through oneDNN's matmul, whose kernel for
-// this CPU is AMX tiles or AVX512-BF16 dot products, with float32 sums (issue 40). The
-// operands are rounded to bfloat16 here, into buffers of this thread's; each shape's
-// primitive is made once per thread and kept. Built with oneDNN 2.x (Debian 12) or 3.x
+// this CPU is AMX tiles or AVX512-BF16 dot products, with float32 sums (issue 40). Float
+// operands are rounded to bfloat16 by tinylm's loops (cpu::KernelTable::round_bf16) into
+// buffers of this thread's; operands already in bfloat16 go to oneDNN as they are stored,
+// a transposed one by its strides. Each shape's primitive is made once per thread and kept. Built with oneDNN 2.x (Debian 12) or 3.x
 // (Debian 13), whose primitive descriptors are made differently.
 #include <tinylm/nn/cpu_kernels.h>
+
+#include "nn/cpu/kernels.h"
+#include "nn/kernel_counts.h"
 
 #include <c10/util/Exception.h>
 
@@ -18,36 +22,48 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace tinylm::nn {
 
 namespace {
 
-/// float32 -> bfloat16, to nearest with ties to even (NaN stays NaN).
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-/// op(X) (rows x cols, row-major with stride ld, or its transpose) as bfloat16, row-major.
-void round_into_bf16(bool trans, int64_t rows, int64_t cols, const float* X, int64_t ld, std::vector<uint16_t>& out) {
-  out.resize(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = to_bf16(trans ? X[j * ld + i] : X[i * ld + j]);
+/// The stored matrix of op(X) (rows x cols of op(X), or its transpose) as packed bfloat16.
+const uint16_t* packed_bf16(bool trans, int64_t rows, int64_t cols, const float* X, int64_t ld,
+                            std::vector<uint16_t>& out) {
+  const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
+  out.resize(static_cast<size_t>(stored_rows * stored_cols));
+  for (int64_t i = 0; i < stored_rows; ++i) round_to_bf16(X + i * ld, out.data() + i * stored_cols, stored_cols);
+  return out.data();
 }
 
 }  // namespace
 
+void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
+  TORCH_CHECK(n >= 0, "round_to_bf16: negative count ", n);
+  cpu::table().round_bf16(x, y, n);
+}
+
 float round_to_bf16(float x) {
-  const uint32_t u = static_cast<uint32_t>(to_bf16(x)) << 16;
+  uint16_t h;
+  round_to_bf16(&x, &h, 1);
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  TORCH_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
+              "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, " for M=", M, " N=", N,
+              " K=", K, ")");
+  TORCH_CHECK(bf16_products_missing().empty(), "gemm_bf16: ", bf16_products_missing());
+  thread_local std::vector<uint16_t> a, b;
+  const uint16_t* pa = packed_bf16(trans_a, M, K, A, lda, a);
+  const uint16_t* pb = packed_bf16(trans_b, K, N, B, ldb, b);
+  gemm_bf16(trans_a, trans_b, M, N, K, pa, trans_a ? M : K, pb, trans_b ? K : N, C, ldc, accumulate);
 }
 
 #if defined(TINYLM_HAVE_ONEDNN)
@@ -73,8 +89,7 @@ bool cpu_has_bf16() {
 struct Bf16Thread {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::pair<dnnl::matmul, std::string>> products;
-  std::vector<uint16_t> a, b;
+  std::map<std::vector<int64_t>, std::pair<dnnl::matmul, std::string>> products;
 };
 
 Bf16Thread& bf16_thread() {
@@ -82,15 +97,21 @@ Bf16Thread& bf16_thread() {
   return t;
 }
 
-/// The primitive for C (M x N, row stride ldc) (+)= A (M x K) B (K x N), all row-major.
-std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, int64_t M, int64_t N, int64_t K, int64_t ldc, bool accumulate) {
-  const auto key = std::make_tuple(M, N, K, ldc, accumulate);
+/// op(X) (rows x cols) of a matrix stored row-major with row stride ld (transposed: stored
+/// cols x rows), as oneDNN's strides.
+dnnl::memory::desc operand(bool trans, int64_t rows, int64_t cols, int64_t ld, dnnl::memory::data_type type) {
+  return dnnl::memory::desc({rows, cols}, type, trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
+}
+
+/// The primitive for C (M x N, row stride ldc) (+)= op(A) op(B), made once per shape and thread.
+std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                                   int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate};
   auto it = t.products.find(key);
   if (it != t.products.end()) return it->second;
-  using dnnl::memory;
-  const memory::desc a({M, K}, memory::data_type::bf16, memory::format_tag::ab),
-      b({K, N}, memory::data_type::bf16, memory::format_tag::ab),
-      c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+  using dt = dnnl::memory::data_type;
+  const auto a = operand(ta, M, K, lda, dt::bf16), b = operand(tb, K, N, ldb, dt::bf16),
+             c = operand(false, M, N, ldc, dt::f32);
   dnnl::primitive_attr attr;
   if (accumulate) {
     dnnl::post_ops ops;
@@ -114,8 +135,8 @@ std::string bf16_products_missing() {
   return why;
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
   TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
               "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
@@ -127,14 +148,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
       for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
     return;
   }
+  count_bf16_gemm();
   auto& t = bf16_thread();
-  round_into_bf16(trans_a, M, K, A, lda, t.a);
-  round_into_bf16(trans_b, K, N, B, ldb, t.b);
-  auto& p = bf16_product(t, M, N, K, ldc, accumulate).first;
-  using dnnl::memory;
-  memory a({{M, K}, memory::data_type::bf16, memory::format_tag::ab}, t.engine, t.a.data());
-  memory b({{K, N}, memory::data_type::bf16, memory::format_tag::ab}, t.engine, t.b.data());
-  memory c({{M, N}, memory::data_type::f32, memory::dims{ldc, 1}}, t.engine, C);
+  auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate).first;
+  using dt = dnnl::memory::data_type;
+  // oneDNN reads the operands only; its memory objects take non-const pointers.
+  dnnl::memory a(operand(trans_a, M, K, lda, dt::bf16), t.engine, const_cast<uint16_t*>(A));
+  dnnl::memory b(operand(trans_b, K, N, ldb, dt::bf16), t.engine, const_cast<uint16_t*>(B));
+  dnnl::memory c(operand(false, M, N, ldc, dt::f32), t.engine, C);
   p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   t.stream.wait();
 }
@@ -147,7 +168,7 @@ std::string bf16_products_description() {
   gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
   auto& t = bf16_thread();
   return "bfloat16 products: oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + " (" +
-         bf16_product(t, n, n, n, n, false).second + " at 256 x 256 x 256)";
+         bf16_product(t, false, false, n, n, n, n, n, n, false).second + " at 256 x 256 x 256)";
 }
 
 #else
@@ -156,8 +177,8 @@ std::string bf16_products_missing() {
   return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)";
 }
 
-void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-               bool) {
+void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*,
+               int64_t, bool) {
   TORCH_CHECK(false, "gemm_bf16: ", bf16_products_missing());
 }
 

@@ -253,6 +253,7 @@ GemmBackend KernelPolicy::gemm_backend(int64_t M, int64_t N, int64_t K) const {
 }
 
 bool KernelPolicy::linear_uses_gemm(int64_t M, int64_t N, int64_t K) const {
+  if (bf16_products) return true;  // LibTorch's linear would run it in float32
   return linear_products &&
          2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) > small_gemm_flops &&
          gemm_backend(M, N, K) != GemmBackend::blas;
@@ -275,6 +276,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
   if (K == 0) {
     if (!accumulate)
       for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
+    return;
+  }
+  if (policy.bf16_products) {
+    gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
     return;
   }
   const GemmBackend backend = policy.gemm_backend(M, N, K);

@@ -9,13 +9,15 @@ namespace tinylm::nn {
 
 namespace {
 
-std::atomic<int64_t> g_gemm[4], g_attention_blas, g_attention_loops;
+std::atomic<int64_t> g_gemm[4], g_gemm_bf16, g_attention_blas, g_attention_loops;
 
 }  // namespace
 
 void count_gemm(GemmBackend backend) {
   g_gemm[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
 }
+
+void count_bf16_gemm() { g_gemm_bf16.fetch_add(1, std::memory_order_relaxed); }
 
 void count_attention_products(bool blas) {
   (blas ? g_attention_blas : g_attention_loops).fetch_add(1, std::memory_order_relaxed);
@@ -26,6 +28,7 @@ KernelCounts kernel_counts() {
   c.gemm_libxsmm = g_gemm[static_cast<int>(GemmBackend::libxsmm)].load(std::memory_order_relaxed);
   c.gemm_blas = g_gemm[static_cast<int>(GemmBackend::blas)].load(std::memory_order_relaxed);
   c.gemm_hand = g_gemm[static_cast<int>(GemmBackend::hand)].load(std::memory_order_relaxed);
+  c.gemm_bf16 = g_gemm_bf16.load(std::memory_order_relaxed);
   c.attention_blas = g_attention_blas.load(std::memory_order_relaxed);
   c.attention_loops = g_attention_loops.load(std::memory_order_relaxed);
   return c;
@@ -36,6 +39,7 @@ KernelCounts KernelCounts::operator-(const KernelCounts& o) const {
   d.gemm_libxsmm = gemm_libxsmm - o.gemm_libxsmm;
   d.gemm_blas = gemm_blas - o.gemm_blas;
   d.gemm_hand = gemm_hand - o.gemm_hand;
+  d.gemm_bf16 = gemm_bf16 - o.gemm_bf16;
   d.attention_blas = attention_blas - o.attention_blas;
   d.attention_loops = attention_loops - o.attention_loops;
   return d;

@@ -1,5 +1,5 @@
-// Linear layers through tinylm's gemm (see linear.h). M rows of x, K input features, N
-// outputs; W is N x K.
+// Linear layers through tinylm's gemm (see linear.h), in float32 or with bfloat16 products
+// (KernelPolicy::bf16_products). M rows of x, K input features, N outputs; W is N x K.
 //   forward:  y = x Wᵀ (+ b, written first and accumulated into)
 //   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
 #include "nn/linear.h"
@@ -11,6 +11,10 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <iterator>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace tinylm::nn {
@@ -18,6 +22,7 @@ namespace tinylm::nn {
 namespace {
 
 float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
@@ -64,6 +69,102 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+/// x as bfloat16 (round_to_bf16), contiguous, in a kBFloat16 tensor.
+torch::Tensor rounded(const torch::Tensor& x) {
+  const auto c = x.contiguous();
+  auto out = torch::empty(c.sizes(), c.options().dtype(torch::kBFloat16).requires_grad(false));
+  round_to_bf16(c.data_ptr<float>(), bits(out), c.numel());
+  return out;
+}
+
+/// The bfloat16 copy of each weight, made when a product first needs it and again only
+/// once the weight has changed (its version counter moved, or its data moved): rounded
+/// once per optimizer step in training, once in all in generation. Shared by every thread
+/// (a server's decode loops); an entry goes when its weight does.
+class RoundedWeights {
+ public:
+  torch::Tensor of(const torch::Tensor& w) {
+    // An inference tensor has no version counter to tell a change by: rounded every time.
+    if (w.is_inference()) return rounded(w);
+    const auto version = w._version();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto* key = w.unsafeGetTensorImpl();
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.version == version && it->second.data == w.data_ptr() &&
+        it->second.rounded.sizes() == w.sizes())
+      return it->second.rounded;
+    // Forget the weights that are gone (their keys could be reused only once their weak
+    // references here are dropped).
+    for (auto e = entries_.begin(); e != entries_.end();) e = e->second.owner.expired() ? entries_.erase(e) : std::next(e);
+    Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), version, w.data_ptr(), rounded(w)};
+    auto result = entry.rounded;
+    entries_.insert_or_assign(key, std::move(entry));
+    return result;
+  }
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+    int64_t version;
+    const void* data;
+    torch::Tensor rounded;
+  };
+  std::mutex mutex_;
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+};
+
+RoundedWeights& rounded_weights() {
+  static RoundedWeights* weights = new RoundedWeights();  // never destroyed: used by threads until exit
+  return *weights;
+}
+
+/// The same layer with its products in bfloat16 (KernelPolicy::bf16_products): x and dy
+/// rounded as they come, W once per change (rounded_weights); what backward needs is kept
+/// rounded (half the memory of x in float32), the sums and the gradients float32.
+class Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& bias) {
+    RECORD_USER_SCOPE("tinylm::linear_bf16");
+    const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
+    auto xb = rounded(x.reshape({M, K}));
+    auto wb = rounded_weights().of(weight);
+    auto y = torch::empty({M, N}, x.options());
+    const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
+    if (has_bias) y.copy_(bias.expand({M, N}));
+    nn::gemm_bf16(false, true, M, N, K, bits(xb), K, bits(wb), K, floats(y), N, has_bias);
+    ctx->save_for_backward({xb, wb});
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    auto out_sizes = x.sizes().vec();
+    out_sizes.back() = N;
+    return {y.view(out_sizes)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& xb = saved[0];  // (M, K) bfloat16
+    const auto& wb = saved[1];  // (N, K) bfloat16
+    const int64_t M = xb.size(0), K = xb.size(1), N = wb.size(0);
+    auto dy = grads[0].reshape({M, N}).contiguous();
+    auto dyb = rounded(dy);
+    const auto options = dy.options();
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::empty({M, K}, options);
+      nn::gemm_bf16(false, false, M, K, N, bits(dyb), N, bits(wb), K, floats(dx), K, false);
+      dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      dw = torch::empty({N, K}, options);
+      nn::gemm_bf16(true, false, N, K, M, bits(dyb), N, bits(xb), K, floats(dw), K, false);
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dx, dw, db};
+  }
+};
+
 }  // namespace
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -77,6 +178,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
     return torch::nn::functional::linear(x, weight, bias);
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
+  if (policy.bf16_products) return Bf16LinearFunction::apply(x, weight, b)[0];
   return LinearFunction::apply(x, weight, b, policy)[0];
 }
 

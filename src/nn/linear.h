@@ -11,7 +11,10 @@ namespace tinylm::nn {
 
 /// torch::nn::functional::linear(x, weight, bias) (bias may be undefined): through
 /// tinylm's gemm where policy.linear_uses_gemm says so for x's rows (float32 on the CPU),
-/// else through LibTorch's linear. The two agree to float32 rounding.
+/// else through LibTorch's linear. The two agree to float32 rounding. With
+/// policy.bf16_products its three products run in bfloat16 (gemm_bf16) wherever x is
+/// float32 on the CPU, the weight rounded once per change of its version counter: what
+/// writes a weight through its data pointer must bump that counter.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const KernelPolicy& policy);
 

@@ -273,13 +273,17 @@ class FlatAdam final : public Optimizer {
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
         k.adam_step(p + begin, g + begin, m + begin, v + begin, d + begin, end - begin, s);
       });
-      return;
+    } else {
+      // Other devices and dtypes: the same update as a handful of ops on the flat buffers.
+      if (decay != 0.0) params_.mul_(1.0 - decay * decay_);
+      exp_avg_.mul_(c_.beta1).add_(grads_, 1.0 - c_.beta1);
+      exp_avg_sq_.mul_(c_.beta2).addcmul_(grads_, grads_, 1.0 - c_.beta2);
+      params_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().mul_(inv_sqrt_bc2).add_(c_.eps), -step_size);
     }
-    // Other devices and dtypes: the same update as a handful of ops on the flat buffers.
-    if (decay != 0.0) params_.mul_(1.0 - decay * decay_);
-    exp_avg_.mul_(c_.beta1).add_(grads_, 1.0 - c_.beta1);
-    exp_avg_sq_.mul_(c_.beta2).addcmul_(grads_, grads_, 1.0 - c_.beta2);
-    params_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().mul_(inv_sqrt_bc2).add_(c_.eps), -step_size);
+    // Each parameter changed, though not through an op of its own (set_data gave it a
+    // version counter apart from the flat buffer's): say so, as an in-place op would, for
+    // what keeps a copy until the weight changes (the bfloat16 weights of nn::linear).
+    for (auto& param : watched_) param.unsafeGetTensorImpl()->bump_version();
   }
 
   /// step, exp_avg and exp_avg_sq (flat, N), and the parameter sizes they cover.

@@ -3,6 +3,7 @@
 // Over 400 lines on purpose: the Trainer is one class; its loop, checkpoints, resume and
 // data-parallel checks share its private state.
 #include <tinylm/log.h>
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
 
@@ -151,7 +152,9 @@ const OptionSpec<TrainerOptions>& TrainerOptions::spec() {
     s.field<int64_t>(
         "seed", [](const O& o) { return static_cast<int64_t>(o.seed()); },
         [](O& o, const int64_t& v) { o.seed(static_cast<uint64_t>(v)); }, "seed for weights, data and dropout");
-    s.add(TINYLM_OPTION(O, bf16), "bf16 autocast (CUDA only)");
+    s.add(TINYLM_OPTION(O, bf16),
+          "bfloat16: autocast on CUDA; on the CPU, products in bfloat16 with float32 weights and sums "
+          "(needs AVX512-BF16 or AMX)");
     s.add(TINYLM_OPTION(O, log_every), "steps between progress lines", at_least(1));
     s.add(TINYLM_OPTION(O, eval_every), "steps between validations; 0 = once per epoch", at_least(0));
     s.add(TINYLM_OPTION(O, eval_batches), "batches per validation", at_least(1));
@@ -173,8 +176,9 @@ const OptionSpec<TrainerOptions>& TrainerOptions::spec() {
 
 void check_trainer_options(const TrainerOptions& o) {
   TrainerOptions::spec().check(o);
-  TORCH_CHECK(!o.bf16() || o.device().is_cuda(),
-              "TrainerOptions: bf16 autocast needs a CUDA device, got device ", o.device());
+  TORCH_CHECK(!o.bf16() || o.device().is_cuda() || nn::bf16_products_missing().empty(),
+              "TrainerOptions: bf16 on the CPU needs bfloat16 products, and ", nn::bf16_products_missing(),
+              ": turn bf16 off (float32) or train on CUDA");
 }
 
 double learning_rate_at(const TrainerOptions& o, int64_t step) {
@@ -298,6 +302,15 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
     });
   }
   model_->to(options_.device());
+  if (options_.bf16() && !options_.device().is_cuda()) {
+    // On the CPU: the model's products in bfloat16 (its kernel policy), nothing else.
+    auto policy = model_->kernel_policy();
+    TORCH_CHECK(policy, "Trainer: bf16 on the CPU runs the products of tinylm's own kernels, and this model (",
+                model_->architecture().kind, ") uses none: turn bf16 off");
+    policy->bf16_products = true;
+    model_->set_kernel_policy(*policy);
+    if (lead()) logger()->info("bf16 on the CPU: {}", nn::bf16_products_description());
+  }
   const uint64_t seed = options_.seed();
   // Every rank draws the same global batches and trains on its own rows of them.
   data_gen_ = at::make_generator<at::CPUGeneratorImpl>(seed + 1);

@@ -45,7 +45,20 @@ expect_error "missing subcommand"    "subcommand"           "$tinylm"
 expect_error "eval without file"     "checkpoint"           "$tinylm" eval
 expect_error "cuda where none"       "CUDA is not available" "$tinylm" train --device cuda
 expect_error "bad device"            "unknown device"       "$tinylm" train --device gpu7
-expect_error "bf16 on cpu"           "bf16 autocast needs a CUDA device" "$tinylm" train --bf16 --device cpu
+# bf16 on the CPU: bfloat16 products where the build has oneDNN and the CPU bfloat16
+# instructions (AVX512-BF16 or AMX), refused elsewhere, saying why.
+if "$tinylm" --version | grep -q 'bfloat16: oneDNN' && grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  if "$tinylm" train --bf16 --device cpu --steps-per-epoch 4 --log-every 100 --out-dir bf16 > bf16.log 2>&1 &&
+     grep -q 'bf16 on the CPU: bfloat16 products: oneDNN' bf16.log && [ -f bf16/step-00000012.ckpt ]; then
+    echo "ok   bf16 on cpu: trains with bfloat16 products"
+  else
+    echo "FAIL bf16 on cpu: the run failed or did not say it ran bfloat16 products"
+    sed 's/^/     | /' bf16.log
+    failures=$((failures + 1))
+  fi
+else
+  expect_error "bf16 on cpu"         "bf16 on the CPU needs bfloat16 products, and" "$tinylm" train --bf16 --device cpu
+fi
 expect_error "one-symbol vocabulary" "vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols" "$tinylm" train --vocab-size 1
 expect_error "dropout 1"             "dropout must be in [0, 1), got 1" "$tinylm" train --model transformer --dropout 1
 # A key of another model or task kind would go unused: refused, not ignored.

@@ -138,3 +138,104 @@ TEST_CASE("GELU on tinylm's loops: LibTorch's gelu and its gradient to float32 r
   at::set_num_threads(before);
   CHECK(torch::equal(one, two));
 }
+
+namespace {
+
+/// x rounded to bfloat16, as float64 (the exact value of the operand the products use).
+torch::Tensor as_rounded(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat64); }
+
+/// Where this machine has no bfloat16 products: checks that a layer asking for them is
+/// refused, naming why, and returns true (the case has nothing more to run here).
+bool bf16_refused_here() {
+  if (bf16_products_missing().empty()) return false;
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  CHECK_THAT(tinylm::test::error_message([&] { linear(torch::randn({4, 8}), torch::randn({3, 8}), {}, policy); }),
+             Catch::Contains(bf16_products_missing()));
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("linear with bfloat16 products: float32 sums of the rounded operands, gradients included",
+          "[nn][linear][bf16]") {
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  REQUIRE(policy.linear_uses_gemm(1, 1, 1));  // every size: LibTorch's linear would be float32
+  torch::manual_seed(11);
+  if (bf16_refused_here()) return;
+  const auto [rows, K, N] = GENERATE(std::make_tuple(130, 300, 70), std::make_tuple(1, 5, 3), std::make_tuple(64, 256, 64));
+  const bool bias = GENERATE(true, false);
+  INFO("rows " << rows << " K " << K << " N " << N << " bias " << bias);
+  auto x = torch::randn({2, rows, K}, torch::requires_grad());
+  auto w = torch::randn({N, K}, torch::requires_grad());
+  auto b = bias ? torch::randn({N}, torch::requires_grad()) : torch::Tensor();
+  auto upstream = torch::randn({2, rows, N});
+  const auto before = kernel_counts();
+  auto y = linear(x, w, b, policy);
+  y.backward(upstream);
+  CHECK((kernel_counts() - before).gemm_bf16 == 3);  // forward, dx, dW
+  // What the products must be: float64 sums of the rounded operands (sums of K, or of
+  // 2 rows, unit-normal products: float32's rounding grows like their square root).
+  const auto x64 = as_rounded(x.detach()).reshape({-1, K}), w64 = as_rounded(w.detach()),
+             dy64 = as_rounded(upstream).reshape({-1, N});
+  auto want_y = x64.matmul(w64.t());
+  if (bias) want_y += b.detach().to(torch::kFloat64);
+  const double tol = 2e-5 * std::sqrt(static_cast<double>(std::max<int64_t>(K, 2 * rows)));
+  CHECK(max_diff(y.reshape({-1, N}), want_y) < tol);
+  CHECK(max_diff(x.grad().reshape({-1, K}), dy64.matmul(w64)) < tol);
+  CHECK(max_diff(w.grad(), dy64.t().matmul(x64)) < tol);
+  if (bias) CHECK(max_diff(b.grad(), upstream.sum(std::vector<int64_t>{0, 1})) < tol);
+  // Against float32's products: bfloat16's 8-bit mantissa, each product off by up to 2^-8
+  // relative, and not the same numbers (the rounding did happen).
+  const auto exact = torch::nn::functional::linear(x.detach(), w.detach(), bias ? b.detach() : torch::Tensor());
+  const double off = max_diff(y, exact);
+  CHECK(off < 2e-2 * std::sqrt(static_cast<double>(K)) * 2);
+  if (K > 1) CHECK(off > 0);
+}
+
+TEST_CASE("linear with bfloat16 products rounds a weight again once it changes", "[nn][linear][bf16]") {
+  if (bf16_refused_here()) return;
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  torch::manual_seed(12);
+  auto x = torch::randn({16, 32}), w = torch::randn({8, 32});
+  const auto y1 = linear(x, w, {}, policy);
+  CHECK(torch::equal(linear(x, w, {}, policy), y1));  // the same weight: the same result
+  {
+    torch::NoGradGuard no_grad;
+    w.mul_(2);  // in place: its version counter moves
+  }
+  CHECK(torch::equal(linear(x, w, {}, policy), y1 * 2));  // exact: scaling by 2 commutes with the rounding
+  w = torch::randn({8, 32});  // a new weight (maybe at the old one's address)
+  CHECK(max_diff(linear(x, w, {}, policy), x.to(torch::kFloat64).matmul(w.to(torch::kFloat64).t())) < 0.5);
+}
+
+TEST_CASE("a transformer with bfloat16 products trains near its float32 self", "[nn][linear][bf16]") {
+  if (bf16_refused_here()) return;
+  KernelPolicy bf16;
+  bf16.bf16_products = true;
+  double loss[2];
+  std::vector<torch::Tensor> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    torch::manual_seed(5);
+    TransformerLM model(TransformerLMOptions(50, 64, 64, 4, 2).kernel_policy(i ? bf16 : KernelPolicy{}));
+    torch::manual_seed(6);
+    auto ids = torch::randint(50, {4, 64}, torch::kLong);
+    auto targets = torch::randint(50, {4, 64}, torch::kLong);
+    const auto before = kernel_counts();
+    auto l = model->loss(ids, targets);
+    l.backward();
+    loss[i] = l.item<double>();
+    // Every Linear layer: 2 blocks x (QKV, out, fc, proj) + the head, 3 products each.
+    if (i) CHECK((kernel_counts() - before).gemm_bf16 == 3 * (2 * 4 + 1));
+    for (const auto& p : model->parameters()) grads[i].push_back(p.grad().clone());
+  }
+  CHECK(loss[0] != loss[1]);
+  CHECK(std::abs(loss[0] - loss[1]) < 1e-2);
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    INFO("parameter " << i);
+    const double scale = grads[0][i].abs().max().item<double>();
+    CHECK(max_diff(grads[0][i], grads[1][i]) < 0.05 * scale + 1e-6);
+  }
+}

@@ -76,7 +76,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
 /// for), and fused-attention passes, forward and backward, whose T x T products went
 /// through BLAS or the loops. Tests and profiles compare two readings.
 struct KernelCounts {
-  int64_t gemm_libxsmm = 0, gemm_blas = 0, gemm_hand = 0;
+  int64_t gemm_libxsmm = 0, gemm_blas = 0, gemm_hand = 0, gemm_bf16 = 0;
   int64_t attention_blas = 0, attention_loops = 0;
   KernelCounts operator-(const KernelCounts& earlier) const;
 };
@@ -88,6 +88,9 @@ std::string cpu_kernels_description();
 
 /// x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), as a float.
 float round_to_bf16(float x);
+/// n floats rounded as above, as bfloat16 bits (the upper half of a float32's), through the
+/// vectorised loops of the instruction set in use (cpu_isa()).
+void round_to_bf16(const float* x, uint16_t* y, int64_t n);
 
 /// bfloat16 products (issue 40): C (+)= op(A) op(B) as gemm() takes them, with A and B
 /// rounded to bfloat16 (round_to_bf16) and the products summed in float32, by oneDNN's
@@ -95,6 +98,10 @@ float round_to_bf16(float x);
 /// bf16_products_missing() says why not.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+/// The same with operands already in bfloat16 (bits as round_to_bf16 writes them), stored
+/// as gemm() takes them: a weight rounded once serves every product until it changes.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
 /// "" where gemm_bf16 runs here, else why not: a build without oneDNN, or a CPU without
 /// bfloat16 instructions (there oneDNN converts to float32, slower than float32 itself).

@@ -73,6 +73,13 @@ struct KernelPolicy {
   /// the CPU and the forward product is above small_gemm_flops and goes to a backend
   /// other than BLAS (else LibTorch's linear runs them, as before).
   bool linear_products = true;
+  /// Mixed precision on the CPU (issue 40): every product gemm runs for the model (its
+  /// Linear layers at every size, wherever the input is float32 on the CPU, and the tiny
+  /// model's fused op) in bfloat16 (gemm_bf16: operands rounded to bfloat16, sums in
+  /// float32), the weights rounded once per change; everything else (attention's T x T
+  /// products, softmax, norms, the loss, the optimizer, the weights themselves) stays
+  /// float32. Set only where bf16_products_missing() is empty; gemm throws elsewhere.
+  bool bf16_products = false;
   /// GELU (the transformer's MLP, exact or tanh) through tinylm's vectorised loops over
   /// the intra-op threads wherever its input is float32 on the CPU (else LibTorch's).
   bool gelu_loops = true;

@@ -18,6 +18,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,9 @@ class LanguageModelImpl : public torch::nn::Module {
   /// Every kernel choice this model makes from now on (KernelPolicy); the default keeps
   /// none (a model without tinylm's kernels).
   virtual void set_kernel_policy(const KernelPolicy& policy) { (void)policy; }
+  /// The kernel choices this model makes now, or nullopt for a model without tinylm's
+  /// kernels (the default): what a caller changes one field of (the trainer's bf16 on the CPU).
+  virtual std::optional<KernelPolicy> kernel_policy() const { return std::nullopt; }
 };
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
 
@@ -197,6 +201,7 @@ class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
   torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets) override;
   ModelArchitecture architecture() const override;
   void set_kernel_policy(const KernelPolicy& policy) override;
+  std::optional<KernelPolicy> kernel_policy() const override { return *policy_; }
 
   TinyAttentionLMOptions options;
   TokenEmbedding token_embedding{nullptr};
@@ -294,6 +299,7 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
   bool supports_rows() const override { return true; }
   ModelArchitecture architecture() const override;
   void set_kernel_policy(const KernelPolicy& policy) override;
+  std::optional<KernelPolicy> kernel_policy() const override { return *policy_; }
 
   TransformerLMOptions options;
   TokenEmbedding token_embedding{nullptr};

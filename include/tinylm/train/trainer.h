@@ -94,7 +94,9 @@ struct TrainerOptions {
   /// Seeds the Trainer's own generators: the data (seed + 1) and dropout (seed + 2).
   TORCH_ARG(uint64_t, seed) = 42;
   TORCH_ARG(torch::Device, device) = torch::kCPU;
-  /// bf16 autocast for the forward pass (CUDA only).
+  /// bfloat16: on CUDA, autocast for the forward pass; on the CPU, every product of the
+  /// model's own kernels in bfloat16 (KernelPolicy::bf16_products: float32 weights,
+  /// optimizer state, sums and reductions), where nn::bf16_products_missing() is empty.
   TORCH_ARG(bool, bf16) = false;
   /// Steps between progress records.
   TORCH_ARG(int64_t, log_every) = 40;
@@ -133,7 +135,8 @@ struct TrainerOptions {
 };
 
 /// Throws, naming the option, its value and the rule, when an option is invalid: each
-/// rule of TrainerOptions::spec(), and bf16 only on a CUDA device.
+/// rule of TrainerOptions::spec(), and bf16 only on a CUDA device or where the CPU has
+/// bfloat16 products (nn::bf16_products_missing()).
 void check_trainer_options(const TrainerOptions& options);
 
 /// The learning rate at `step` (0-based): linear warmup, then constant or cosine decay.

@@ -104,6 +104,8 @@ struct KernelTable {
   void (*decode_attention)(const float* q, const float* keys, const float* values, float* out,
                            const int64_t* lengths, int64_t b_begin, int64_t b_end, int64_t H, int64_t Hkv,
                            int64_t capacity, int64_t Dh, float scale, float* scores);
+  /// y[i] = x[i] as bfloat16 bits (round_to_bf16: to nearest, ties to even; NaN stays NaN).
+  void (*round_bf16)(const float* x, uint16_t* y, int64_t n);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
