@@ -106,10 +106,17 @@ std::string scratch_dir() {
 
 /// The thread count every case runs with (run_bench sets it; the configs record it).
 int64_t g_threads = 1;
+/// --bf16: the training cases with bfloat16 products (each config's bf16), named <case>_bf16.
+bool g_bf16 = false;
+/// The bfloat16 matmul peak (oneDNN), once matmul_peak() has measured it; 0 before or where none.
+double g_bf16_peak = 0;
+
+std::string named(const std::string& name) { return g_bf16 ? name + "_bf16" : name; }
 
 RunConfig p1_config() {  // the reference run
   RunConfig c;
   c.threads = g_threads;
+  c.trainer.bf16(g_bf16);
   c.trainer.out_dir(scratch_dir());
   return c;
 }
@@ -118,6 +125,7 @@ RunConfig p1_config() {  // the reference run
 RunConfig transformer_config(const char* task, int64_t vocab, int64_t d_model, int64_t heads, int64_t layers) {
   RunConfig c;
   c.threads = g_threads;
+  c.trainer.bf16(g_bf16);
   c.set("model", "transformer");
   c.task = task;
   c.set("vocab-size", vocab);
@@ -148,7 +156,8 @@ Json describe(const RunConfig& c) {
   return {{"model", c.model.kind()}, {"vocab", c.get<int64_t>("vocab-size")}, {"d_model", c.get<int64_t>("d-model")},
           {"heads", c.get<int64_t>("n-heads")}, {"layers", c.model.kind() == "tiny" ? 1 : c.get<int64_t>("n-layers")},
           {"seq", c.task_options.seq_len()}, {"batch", c.trainer.batch_size()}, {"optimizer", c.get<std::string>("optimizer")},
-          {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.trainer.optimizer().flat()}};
+          {"attention_kernel", c.get<std::string>("attention-kernel")}, {"fused_optimizer", c.trainer.optimizer().flat()},
+          {"bf16", c.trainer.bf16()}};
 }
 
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
@@ -200,6 +209,7 @@ double matmul_peak(bool quick) {
                Json{{"op", "mm"}, {"n", n}, {"dtype", bf16 ? "bfloat16 in, float32 out" : "float32"},
                     {"backend", "onednn " + onednn_version()}, {"impl", r.impl}});
     if (!bf16) float32 = std::max(float32, gflops);
+    if (bf16) g_bf16_peak = gflops;
     if (bf16)
       emit_value("peak_bf16_onednn", "over_float32_peak", "x", gflops / float32,
                  Json{{"n", n}, {"of", "peak_bf16_onednn over the highest float32 peak (BLAS, libxsmm, oneDNN)"},
@@ -244,7 +254,7 @@ void bench_p1(bool quick) {
     c.set("attention-kernel", fused ? "automatic" : "plain");
     train::Trainer t = make_trainer(c);
     auto s = time_per_call([&] { t.train_step(); }, quick ? 2 : 50, quick ? 2 : 9, quick ? 5 : 100);
-    emit(fused ? "p1" : "p1_plain", "train_steps_per_s", "steps/s", 1.0, s, describe(c));
+    emit(named(fused ? "p1" : "p1_plain"), "train_steps_per_s", "steps/s", 1.0, s, describe(c));
     std::filesystem::remove_all(c.trainer.out_dir());
   }
 }
@@ -420,21 +430,31 @@ void bench_gemm(bool quick) {
   }
 }
 
+/// A training step's model FLOP/s and its fraction of the matmul peak: float32's, or in a
+/// --bf16 run the bfloat16 peak.
+void emit_mfu(const std::string& name, const RunConfig& c, double seconds_per_step, double float32_peak) {
+  const double gflops = train_flops_per_step(c) / seconds_per_step / 1e9;
+  emit_value(name, "model_gflops", "GFLOP/s", gflops, describe(c));
+  if (g_bf16 && g_bf16_peak > 0)
+    emit_value(name, "mfu", "fraction of the bfloat16 matmul peak", gflops / g_bf16_peak, describe(c));
+  else
+    emit_value(name, "mfu", "fraction of matmul peak", gflops / float32_peak, describe(c));
+}
+
 void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   RunConfig c = p2_config(quick);
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
-  emit("p2", "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
-  const double flops = train_flops_per_step(c);
-  emit_value("p2", "model_gflops", "GFLOP/s", flops / s.median / 1e9, describe(c));
-  emit_value("p2", "mfu", "fraction of matmul peak", flops / s.median / 1e9 / peak_gflops, describe(c));
-  emit_value("p2", "peak_rss", "MiB", peak_rss_mib(), describe(c));
+  const std::string name = named("p2");
+  emit(name, "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
+  emit_mfu(name, c, s.median, peak_gflops);
+  emit_value(name, "peak_rss", "MiB", peak_rss_mib(), describe(c));
   if (memory_steps > 0) {
     const double before = current_rss_mib();
     for (int64_t i = 0; i < memory_steps; ++i) t.train_step();
     const double after = current_rss_mib();
-    emit_value("p2", "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
+    emit_value(name, "rss_growth_over_" + std::to_string(memory_steps) + "_steps", "MiB",
                after - before, describe(c));
   }
   std::filesystem::remove_all(c.trainer.out_dir());
@@ -478,11 +498,11 @@ void bench_ops(const std::string& name, const RunConfig& c, bool quick) {
     Json cfg = config;
     cfg["ms_per_step"] = rounded(1e3 * s / steps);
     cfg["top_ops_ms"] = top_ops_ms(by_op[family], steps);  // the family's five largest, ms per step
-    emit_value(name + "_ops_" + family, "share", "fraction of the step", s / wall, cfg);
+    emit_value(named(name) + "_ops_" + family, "share", "fraction of the step", s / wall, cfg);
   }
   Json cfg = config;
   cfg["ms_per_step"] = rounded(1e3 * std::max(0.0, wall - timed) / steps);
-  emit_value(name + "_ops_untimed", "share", "fraction of the step", std::max(0.0, wall - timed) / wall, cfg);
+  emit_value(named(name) + "_ops_untimed", "share", "fraction of the step", std::max(0.0, wall - timed) / wall, cfg);
   std::filesystem::remove_all(c.trainer.out_dir());
 }
 
@@ -514,18 +534,45 @@ RunConfig nanogpt_config() {
 void bench_nanogpt(bool quick) {
   RunConfig c = nanogpt_config();
   if (!std::filesystem::exists(c.task_options.data())) {
-    print_line({{"case", "nanogpt"}, {"skipped", c.task_options.data() + " is missing (Debian's base-files has it)"}});
+    print_line({{"case", named("nanogpt")}, {"skipped", c.task_options.data() + " is missing (Debian's base-files has it)"}});
     return;
   }
   train::Trainer t = make_trainer(c);
   auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 10, quick ? 2 : 7, quick ? 2 : 20);
   Json config = describe(c);
   config["recipe"] = "nanoGPT CPU (README): no biases (Linear or LayerNorm), exact GELU, learned positions, tied head, AdamW decaying 2-D parameters, clip 1.0";
-  print_line({{"case", "nanogpt"}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
+  print_line({{"case", named("nanogpt")}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});
   std::filesystem::remove_all(c.trainer.out_dir());
   bench_ops("nanogpt", nanogpt_config(), quick);
+}
+
+/// A GPT-2-small-shaped model (issue 40): 12 blocks of width 768, 12 heads, on nanoGPT's
+/// recipe otherwise (byte vocabulary, the GPL), sequences of 256, batches of 4. Quick: one
+/// block of width 96 on sequences of 32 (a smoke run).
+RunConfig gpt2_config(bool quick) {
+  RunConfig c = nanogpt_config();
+  c.set("n-layers", quick ? 1 : 12);
+  c.set("d-model", quick ? 96 : 768);
+  c.set("n-heads", quick ? 4 : 12);
+  c.task_options.seq_len(quick ? 32 : 256);
+  c.trainer.batch_size(quick ? 2 : 4);
+  return c;
+}
+
+void bench_gpt2(bool quick, double peak_gflops) {
+  RunConfig c = gpt2_config(quick);
+  if (!std::filesystem::exists(c.task_options.data())) {
+    print_line({{"case", named("gpt2")}, {"skipped", c.task_options.data() + " is missing (Debian's base-files has it)"}});
+    return;
+  }
+  train::Trainer t = make_trainer(c);
+  auto s = time_per_call([&] { t.train_step(); }, 1, quick ? 2 : 3, 1);
+  const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
+  emit(named("gpt2"), "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
+  emit_mfu(named("gpt2"), c, s.median, peak_gflops);
+  std::filesystem::remove_all(c.trainer.out_dir());
 }
 
 void bench_p3(bool quick) {
@@ -1136,13 +1183,18 @@ int run_bench(const BenchArgs& a) {
     for (std::string item; std::getline(ss, item, ',');) {
       TORCH_CHECK(item == "peak" || item == "p1" || item == "p2" || item == "p3" || item == "attention" ||
                       item == "gemm" || item == "dp" || item == "data" || item == "nanogpt" || item == "arch" ||
-                      item == "decode",
+                      item == "decode" || item == "gpt2",
                   "unknown bench case '", item,
-                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, arch, decode (comma-separated)");
+                  "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, gpt2, arch, decode (comma-separated)");
+      TORCH_CHECK(!a.bf16 || item == "p1" || item == "p2" || item == "nanogpt" || item == "gpt2", "--bf16 trains in "
+                  "bfloat16, and case '", item, "' trains nothing: give --cases from p1, p2, nanogpt, gpt2");
     }
   }
-  // P2's utilisation needs the peak: measure it whenever P2 runs.
-  const double peak = (wants("peak") || wants("p2")) ? matmul_peak(a.quick) : 0.0;
+  g_bf16 = a.bf16;
+  TORCH_CHECK(!g_bf16 || nn::bf16_products_missing().empty(), "--bf16: bf16 on the CPU needs bfloat16 products, and ",
+              nn::bf16_products_missing());
+  // The training cases' utilisation needs the peak: measure it whenever one of them runs.
+  const double peak = (wants("peak") || wants("p2") || wants("gpt2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
   if (wants("gemm")) {
     bench_gemm(a.quick);
@@ -1154,6 +1206,7 @@ int run_bench(const BenchArgs& a) {
     bench_ops("p2", p2_config(a.quick), a.quick);
   }
   if (wants("nanogpt")) bench_nanogpt(a.quick);
+  if (wants("gpt2")) bench_gpt2(a.quick, peak);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("decode")) bench_decode(a.quick);
   if (wants("attention")) bench_attention(a.quick);

@@ -9,6 +9,7 @@ struct BenchArgs {
   bool quick = false;       // a smoke run: tiny repetition counts (checks the harness, not speed)
   int64_t threads = 1;
   int64_t memory_steps = 0; // > 0: also train P2 this many steps and report RSS growth
+  bool bf16 = false;        // the training cases with bfloat16 products, named <case>_bf16
 };
 
 int run_bench(const BenchArgs& args);

@@ -10,8 +10,10 @@ Command add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   BenchArgs& bench_args = *args;
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks: JSON lines with medians over repetitions");
-  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, arch")
+  bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, gpt2, arch, decode")
       ->capture_default_str();
+  bench_cmd->add_flag("--bf16", bench_args.bf16,
+                      "train with bfloat16 products (cases p1, p2, nanogpt, gpt2; named <case>_bf16)");
   bench_cmd->add_flag("--quick", bench_args.quick, "tiny repetition counts: checks the harness, not speed");
   bench_cmd->add_option("--threads", bench_args.threads, "intra-op CPU threads; 0 = default")
       ->capture_default_str();

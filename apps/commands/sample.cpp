@@ -26,7 +26,7 @@ struct SampleArgs {
   std::string checkpoint, prompt, device = "auto", data, attention_json;
   int64_t max_new_tokens = 20, top_k = 0, seed = -1, layer = -1, head = 0, threads = 1;
   double temperature = 1.0, top_p = 1.0;
-  bool greedy = false, heatmap = false, raw = false, time = false;
+  bool greedy = false, heatmap = false, raw = false, time = false, bf16 = false;
 };
 
 int run_sample(const SampleArgs& a) {
@@ -41,6 +41,7 @@ int run_sample(const SampleArgs& a) {
   InferenceOptions io;
   io.device = a.device;
   io.data = a.data;
+  io.bf16 = a.bf16;
   auto run = open_run(a.checkpoint, a.threads, io);
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;
@@ -125,6 +126,7 @@ Command add_sample(CLI::App& app) {
   sample_cmd->add_option("--top-p", s.top_p, "nucleus sampling threshold in (0, 1]; 1 = off")->capture_default_str();
   integer(sample_cmd->add_option("--seed", s.seed, "sampling seed; -1 = unseeded"))->capture_default_str();
   sample_cmd->add_flag("--greedy", s.greedy, "always take the most likely token");
+  sample_cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CPU with AVX512-BF16 or AMX)");
   sample_cmd->add_flag("--time", s.time, "print the generation's tokens/s on stderr (after loading, before printing)");
   sample_cmd->add_flag("--heatmap", s.heatmap, "print the attention heatmap of the result");
   sample_cmd->add_flag("--raw", s.raw,

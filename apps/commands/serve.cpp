@@ -32,7 +32,7 @@ struct ServeArgs {
   std::string checkpoint, device = "auto", data, metrics;
   serve::ServeOptions options;
   int64_t threads = 1;
-  bool insecure = false;
+  bool insecure = false, bf16 = false;
 };
 
 int run_serve(ServeArgs& a) {
@@ -48,6 +48,7 @@ int run_serve(ServeArgs& a) {
   InferenceOptions io;
   io.device = a.device;
   io.data = a.data;
+  io.bf16 = a.bf16;
   auto run = open_run(a.checkpoint, a.threads, io);
   serve::ModelCard card;
   const std::filesystem::path path = run.checkpoint.path;
@@ -65,6 +66,7 @@ int run_serve(ServeArgs& a) {
   card.card["context_length"] = run.model->context_length();
   card.card["vocab_size"] = run.model->vocab_size();
   card.card["device"] = run.device.str();
+  card.card["products"] = a.bf16 ? "bfloat16" : "float32";
   // The run's metrics: --metrics, else metrics.jsonl beside the checkpoint.
   o.metrics_path = a.metrics;
   if (o.metrics_path.empty()) {
@@ -142,6 +144,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--shutdown-seconds", o.shutdown_seconds, "on SIGTERM, cancel what still runs after this")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--metrics", s.metrics, "the run's metrics.jsonl (default: the one beside the checkpoint)");
+  cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CPU with AVX512-BF16 or AMX)");
   cmd->add_option("--device", s.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   integer(cmd->add_option("--threads", s.threads, "intra-op CPU threads per request; 0 = default"))->capture_default_str();
   cmd->add_option("--data", s.data, "tokens task, checkpoint without a tokenizer: the prepared corpus");

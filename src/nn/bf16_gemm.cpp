@@ -109,6 +109,8 @@ std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool 
   const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate};
   auto it = t.products.find(key);
   if (it != t.products.end()) return it->second;
+  // A server sees many shapes (prompt lengths, batch widths): the cache is bounded.
+  if (t.products.size() >= 256) t.products.clear();
   using dt = dnnl::memory::data_type;
   const auto a = operand(ta, M, K, lda, dt::bf16), b = operand(tb, K, N, ldb, dt::bf16),
              c = operand(false, M, N, ldc, dt::f32);

@@ -298,6 +298,16 @@ torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::T
   return LanguageModelImpl::loss(ids, targets);
 }
 
+void use_bf16_products(LanguageModelImpl& model) {
+  TORCH_CHECK(bf16_products_missing().empty(), "bf16 on the CPU needs bfloat16 products, and ", bf16_products_missing(),
+              ": turn bf16 off (float32)");
+  auto policy = model.kernel_policy();
+  TORCH_CHECK(policy, "bf16 on the CPU runs the products of tinylm's own kernels, and this model (",
+              model.architecture().kind, ") uses none: turn bf16 off");
+  policy->bf16_products = true;
+  model.set_kernel_policy(*policy);
+}
+
 void TinyAttentionLMImpl::set_kernel_policy(const KernelPolicy& policy) {
   options.kernel_policy(policy);
   *policy_ = policy;  // the object every module holds

@@ -304,11 +304,7 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
   model_->to(options_.device());
   if (options_.bf16() && !options_.device().is_cuda()) {
     // On the CPU: the model's products in bfloat16 (its kernel policy), nothing else.
-    auto policy = model_->kernel_policy();
-    TORCH_CHECK(policy, "Trainer: bf16 on the CPU runs the products of tinylm's own kernels, and this model (",
-                model_->architecture().kind, ") uses none: turn bf16 off");
-    policy->bf16_products = true;
-    model_->set_kernel_policy(*policy);
+    nn::use_bf16_products(*model_);
     if (lead()) logger()->info("bf16 on the CPU: {}", nn::bf16_products_description());
   }
   const uint64_t seed = options_.seed();

@@ -139,6 +139,12 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 /// take their defaults (those without one are an error); an unknown kind is an error.
 LanguageModel build_model(const ModelArchitecture& architecture);
 
+/// Sets the model's KernelPolicy::bf16_products (its products in bfloat16 on the CPU from
+/// now on). Throws, saying why, where the CPU or the build has no bfloat16 products
+/// (bf16_products_missing()), or where the model uses none of tinylm's kernels (a kind
+/// whose kernel_policy() is nullopt).
+void use_bf16_products(LanguageModelImpl& model);
+
 /// The number of parameter elements build_model() would make (a tied tensor once),
 /// computed from the options alone: nothing is allocated. Throws as build_model() does on
 /// an unknown kind or unreadable options, and on a kind that gives no count. A checkpoint's architecture is checked against
