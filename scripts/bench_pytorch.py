@@ -209,11 +209,14 @@ def lr_at(step, lr, warmup, total, floor_ratio=0.1):
     return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def gpt_train_step(model, opt, windows):
+def gpt_train_step(model, opt, windows, batch=12, bf16=False):
     """One iteration of nanoGPT's train.py loop at log_interval 1 (batch 12, clip 1.0);
-    returns the loss."""
-    x, y = windows.batch(12)
-    loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+    returns the loss. bf16: the forward under CPU autocast to bfloat16, as train.py's
+    dtype='bfloat16' does."""
+    x, y = windows.batch(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -221,12 +224,23 @@ def gpt_train_step(model, opt, windows):
     return loss.item()
 
 
-def nanogpt_step_fn(quick):
+def nanogpt_step_fn(quick, bf16=False):
     torch.manual_seed(42)
     model = GPT()
     opt = gpt_optimizer(model, 1e-3)
     windows = TextWindows(GPL, 64, torch.Generator().manual_seed(43))
-    return lambda: gpt_train_step(model, opt, windows)
+    return lambda: gpt_train_step(model, opt, windows, bf16=bf16)
+
+
+def gpt2_step_fn(quick, bf16=False):
+    """tinylm bench's gpt2 case: nanoGPT's recipe at GPT-2 small's shape (12 blocks, width
+    768, 12 heads), sequences of 256, batches of 4; quick: 1 block, width 96, T 32, batch 2."""
+    layers, d, h, seq, batch = (1, 96, 4, 32, 2) if quick else (12, 768, 12, 256, 4)
+    torch.manual_seed(42)
+    model = GPT(ctx=seq, d=d, h=h, layers=layers)
+    opt = gpt_optimizer(model, 1e-3)
+    windows = TextWindows(GPL, seq, torch.Generator().manual_seed(43))
+    return (lambda: gpt_train_step(model, opt, windows, batch=batch, bf16=bf16)), batch * seq
 
 
 def set_threads(n, blas=None):
@@ -256,7 +270,7 @@ def time_steps(step, warmup, reps, inner):
     return times[len(times) // 2], times[0], times[-1]
 
 
-def p1_step_fn():
+def p1_step_fn(bf16=False):
     torch.manual_seed(42)
     model = TinyAttentionLM()
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
@@ -265,7 +279,9 @@ def p1_step_fn():
     def step():
         ids = torch.randint(64, (16, 1), generator=g).expand(16, 13)
         x, y = ids[:, :12], ids[:, 1:]
-        loss = F.cross_entropy(model(x).reshape(-1, 64), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, 64), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -273,7 +289,7 @@ def p1_step_fn():
     return step
 
 
-def p2_step_fn(quick):
+def p2_step_fn(quick, bf16=False):
     torch.manual_seed(42)
     layers, seq, batch = (1, 32, 4) if quick else (4, 128, 16)
     model = TransformerLM(layers=layers, ctx=seq)
@@ -284,7 +300,9 @@ def p2_step_fn(quick):
 
     def step():
         ids = torch.randint(256, (batch, seq + 1), generator=g)
-        loss = F.cross_entropy(model(ids[:, :-1]).reshape(-1, 256), ids[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -296,10 +314,12 @@ def emit(case, metric, value, unit, **extra):
     print(json.dumps({"case": case, "metric": metric, "value": round(value, 6), "unit": unit, **extra}), flush=True)
 
 
-def tinylm_figures(tinylm, cases, threads, quick):
+def tinylm_figures(tinylm, cases, threads, quick, bf16=False):
     """{case: rate} from one `tinylm bench` run at `threads` (higher is better: nanoGPT's
-    ms per iteration is turned into iterations/s), with its JSON lines printed."""
-    cmd = [tinylm, "bench", "--cases", ",".join(cases), "--threads", str(threads)] + (["--quick"] if quick else [])
+    ms per iteration is turned into iterations/s), with its JSON lines printed; bf16: the
+    run with --bf16 (its cases are named <case>_bf16)."""
+    cmd = ([tinylm, "bench", "--cases", ",".join(cases), "--threads", str(threads)] + (["--quick"] if quick else [])
+           + (["--bf16"] if bf16 else []))
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
@@ -308,19 +328,21 @@ def tinylm_figures(tinylm, cases, threads, quick):
     for line in out.stdout.splitlines():
         rec = json.loads(line)
         print(json.dumps(rec), flush=True)
-        key = (rec["case"], rec.get("metric"))
+        case = rec["case"][:-len("_bf16")] if bf16 and rec["case"].endswith("_bf16") else rec["case"]
+        key = (case, rec.get("metric"))
         if key == ("p1", "train_steps_per_s"):
             rates["p1"] = rec["value"]
-        elif key == ("p2", "train_tokens_per_s"):
-            rates["p2"] = rec["value"]
+        elif key in (("p2", "train_tokens_per_s"), ("gpt2", "train_tokens_per_s")):
+            rates[case] = rec["value"]
         elif key == ("nanogpt", "ms_per_iter"):
             rates["nanogpt"] = 1000.0 / rec["value"]
     return rates
 
 
-def curve(tinylm, steps, workdir):
-    """The recipe's first `steps` losses in PyTorch and in tinylm, from the same weights on
-    the same batches; returns the largest absolute difference."""
+def curve(tinylm, steps, workdir, bf16=False):
+    """The recipe's first `steps` losses in PyTorch (float32) and in tinylm (with bf16, in
+    bfloat16), from the same weights on the same batches; returns the largest absolute
+    difference over the first steps and the largest between windows' means."""
     import tempfile
     work = tempfile.mkdtemp(prefix="tinylm-curve-", dir=workdir)
     set_threads(1)
@@ -337,7 +359,8 @@ def curve(tinylm, steps, workdir):
                  "--batch-size", "12", "--optimizer", "adamw", "--lr", "1e-3", "--beta2", "0.99",
                  "--weight-decay", "0.1", "--decay-params", "matrices", "--grad-clip", "1.0", "--lr-schedule", "cosine", "--warmup-steps", "100",
                  "--min-lr-ratio", "0.1", "--epochs", "1", "--steps-per-epoch", str(steps), "--log-every", "1",
-                 "--eval-every", "0", "--seed", "42", "--threads", "1", "--out-dir", run]):
+                 "--eval-every", "0", "--seed", "42", "--threads", "1", "--out-dir", run]
+                + (["--bf16"] if bf16 else [])):
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
@@ -373,14 +396,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tinylm", default=os.path.join(here, "..", "build", "release", "tinylm"))
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks the script, not speed")
-    parser.add_argument("--cases", default="p1,p2,nanogpt", help="comma-separated: p1, p2, nanogpt")
+    parser.add_argument("--cases", default="p1,p2,nanogpt", help="comma-separated: p1, p2, nanogpt, gpt2")
     parser.add_argument("--tinylm-threads", default="1,2",
                         help="thread counts tinylm runs at; each case takes its best (default 1,2)")
     parser.add_argument("--rounds", type=int, default=3, help="PyTorch-then-tinylm rounds")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also tinylm with bfloat16 products against tinylm float32 and PyTorch at its best "
+                             "(float32 or CPU autocast to bfloat16); with --curve, tinylm's curve in bfloat16")
     parser.add_argument("--curve", type=int, default=0, metavar="STEPS",
                         help="also compare the recipe's loss curves over STEPS steps (0 = no)")
-    parser.add_argument("--curve-tolerance", type=float, default=0.01,
-                        help="largest difference between 20-step mean losses (nats; exit 1 beyond)")
+    parser.add_argument("--curve-tolerance", type=float, default=None,
+                        help="largest difference between 20-step mean losses (nats; exit 1 beyond; "
+                             "default 0.01, with --bf16 0.02)")
     args = parser.parse_args()
     if not os.access(args.tinylm, os.X_OK):
         print(f"error: {args.tinylm} is not an executable: build first (scripts/quickstart.sh test)", file=sys.stderr)
@@ -388,72 +415,101 @@ def main():
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(UNITS)
     if unknown:
-        print(f"error: unknown case(s) {sorted(unknown)}: use p1, p2, nanogpt", file=sys.stderr)
+        print(f"error: unknown case(s) {sorted(unknown)}: use p1, p2, nanogpt, gpt2", file=sys.stderr)
         sys.exit(1)
-    if "nanogpt" in cases and not os.path.exists(GPL):
-        print(f"error: nanogpt needs {GPL} (Debian's base-files)", file=sys.stderr)
+    if ("nanogpt" in cases or "gpt2" in cases or args.curve) and not os.path.exists(GPL):
+        print(f"error: nanogpt, gpt2 and --curve need {GPL} (Debian's base-files)", file=sys.stderr)
         sys.exit(1)
+    tolerance = args.curve_tolerance if args.curve_tolerance is not None else (0.02 if args.bf16 else 0.01)
+    modes = [False, True] if args.bf16 else [False]  # PyTorch: float32, CPU autocast to bfloat16
 
-    # PyTorch's best thread count, found once.
+    def pytorch_name(case, bf16):
+        return f"pytorch_{case}" + ("_autocast_bf16" if bf16 else "")
+
+    # PyTorch's best thread count, found once per case and precision.
     threads_best = {}
     for case in cases if args.rounds > 0 else []:
-        rates = {}
-        for setting in THREAD_SETTINGS[:1] if args.quick else THREAD_SETTINGS:  # --quick: the script runs
-            set_threads(*setting)
-            rates[setting] = measure_pytorch(case, args.quick)[0]
-            emit(f"pytorch_{case}", "rate_at_threads", rates[setting], UNITS[case], threads=setting[0],
-                 blas_threads=setting[1])
-        threads_best[case] = max(rates, key=rates.get)
+        for bf16 in modes:
+            rates = {}
+            for setting in THREAD_SETTINGS[:1] if args.quick else THREAD_SETTINGS:  # --quick: the script runs
+                set_threads(*setting)
+                rates[setting] = measure_pytorch(case, args.quick, bf16)[0]
+                emit(pytorch_name(case, bf16), "rate_at_threads", rates[setting], UNITS[case], threads=setting[0],
+                     blas_threads=setting[1])
+            threads_best[case, bf16] = max(rates, key=rates.get)
 
     # Then rounds of PyTorch-then-tinylm: each round's ratio is measured side by side, so
     # a machine whose speed drifts moves both figures of a round together.
-    ratios = {c: [] for c in cases}
+    ratios = {}
     tinylm_threads = [int(t) for t in args.tinylm_threads.split(",")]
     for r in range(args.rounds):
         theirs = {}
         for case in cases:
-            set_threads(*threads_best[case])
-            theirs[case], lo, hi = measure_pytorch(case, args.quick)
-            emit(f"pytorch_{case}", "rate", theirs[case], UNITS[case], min=lo, max=hi, threads=threads_best[case][0],
-                 blas_threads=threads_best[case][1], round=r)
+            for bf16 in modes:
+                set_threads(*threads_best[case, bf16])
+                theirs[case, bf16], lo, hi = measure_pytorch(case, args.quick, bf16)
+                emit(pytorch_name(case, bf16), "rate", theirs[case, bf16], UNITS[case], min=lo, max=hi,
+                     threads=threads_best[case, bf16][0], blas_threads=threads_best[case, bf16][1], round=r)
         ours, ours_threads = {}, {}
-        for threads in tinylm_threads:
-            for case, rate in tinylm_figures(args.tinylm, cases, threads, args.quick).items():
-                if rate > ours.get(case, 0):
-                    ours[case], ours_threads[case] = rate, threads
+        for bf16 in modes:
+            for threads in tinylm_threads:
+                for case, rate in tinylm_figures(args.tinylm, cases, threads, args.quick, bf16).items():
+                    if rate > ours.get((case, bf16), 0):
+                        ours[case, bf16], ours_threads[case, bf16] = rate, threads
+
+        def ratio(name, metric, value, **extra):
+            ratios.setdefault((name, metric), []).append(value)
+            emit(name, metric, value, "x", round=r, **extra)
+
         for case in cases:
-            ratios[case].append(ours[case] / theirs[case])
-            emit(f"{case}_ratio", "tinylm_over_pytorch", ours[case] / theirs[case], "x", round=r,
-                 tinylm=ours[case], tinylm_threads=ours_threads[case], pytorch=theirs[case],
-                 pytorch_threads=list(threads_best[case]), unit_of_rates=UNITS[case])
-    for case in cases if args.rounds > 0 else []:
-        emit(f"{case}_ratio", "median_tinylm_over_pytorch", statistics.median(ratios[case]), "x",
-             rounds=len(ratios[case]), all=[round(x, 3) for x in ratios[case]])
+            ratio(f"{case}_ratio", "tinylm_over_pytorch", ours[case, False] / theirs[case, False],
+                  tinylm=ours[case, False], tinylm_threads=ours_threads[case, False], pytorch=theirs[case, False],
+                  pytorch_threads=list(threads_best[case, False]), unit_of_rates=UNITS[case])
+            if args.bf16:
+                best = max(modes, key=lambda m: theirs[case, m])  # PyTorch at its best
+                ratio(f"{case}_bf16_ratio", "tinylm_bf16_over_pytorch_best", ours[case, True] / theirs[case, best],
+                      tinylm_bf16=ours[case, True], tinylm_threads=ours_threads[case, True],
+                      pytorch=theirs[case, best], pytorch_mode="autocast bfloat16" if best else "float32",
+                      pytorch_threads=list(threads_best[case, best]), unit_of_rates=UNITS[case])
+                ratio(f"{case}_bf16_over_float32", "tinylm_bf16_over_tinylm_float32",
+                      ours[case, True] / ours[case, False], tinylm_bf16=ours[case, True],
+                      tinylm_float32=ours[case, False], unit_of_rates=UNITS[case])
+    for (name, metric), values in ratios.items():
+        emit(name, "median_" + metric, statistics.median(values), "x", rounds=len(values),
+             all=[round(x, 3) for x in values])
     if args.curve > 0:
-        early, windows_diff = curve(args.tinylm, args.curve, None)
+        early, windows_diff = curve(args.tinylm, args.curve, None, args.bf16)
+        # In bfloat16 the steps differ from the first (bfloat16's rounding, not float32's):
+        # only the windows' means are held to a tolerance.
         emit("nanogpt_curve", "largest_step_difference_first_steps", early, "nats",
-             steps=min(args.curve, CURVE_STEPWISE), tolerance=1e-4)
+             steps=min(args.curve, CURVE_STEPWISE), tolerance=None if args.bf16 else 1e-4,
+             tinylm="bfloat16 products" if args.bf16 else "float32")
         emit("nanogpt_curve", "largest_window_mean_difference", windows_diff, "nats", steps=args.curve,
-             window=CURVE_WINDOW, tolerance=args.curve_tolerance)
-        if early > 1e-4 or windows_diff > args.curve_tolerance:
+             window=CURVE_WINDOW, tolerance=tolerance, tinylm="bfloat16 products" if args.bf16 else "float32")
+        if (early > 1e-4 and not args.bf16) or windows_diff > tolerance:
             print(f"error: the loss curves differ: {early:.3g} nats over the first {CURVE_STEPWISE} steps "
-                  f"(tolerance 1e-4), {windows_diff:.3g} between {CURVE_WINDOW}-step means "
-                  f"(tolerance {args.curve_tolerance})", file=sys.stderr)
+                  f"(tolerance {'none in bfloat16' if args.bf16 else '1e-4'}), {windows_diff:.3g} between "
+                  f"{CURVE_WINDOW}-step means (tolerance {tolerance})", file=sys.stderr)
             sys.exit(1)
 
 
-UNITS = {"p1": "steps/s", "p2": "tokens/s", "nanogpt": "iterations/s"}
+UNITS = {"p1": "steps/s", "p2": "tokens/s", "nanogpt": "iterations/s", "gpt2": "tokens/s"}
 
 
-def measure_pytorch(case, quick):
-    """(median rate, min rate, max rate) of PyTorch's training loop for a case."""
+def measure_pytorch(case, quick, bf16=False):
+    """(median rate, min rate, max rate) of PyTorch's training loop for a case; bf16: its
+    forward under CPU autocast to bfloat16."""
     if case == "p1":
-        med, lo, hi = time_steps(p1_step_fn(), 2 if quick else 50, 2 if quick else 9, 5 if quick else 100)
+        med, lo, hi = time_steps(p1_step_fn(bf16), 2 if quick else 50, 2 if quick else 9, 5 if quick else 100)
         return 1 / med, 1 / hi, 1 / lo
     if case == "nanogpt":
-        med, lo, hi = time_steps(nanogpt_step_fn(quick), 1 if quick else 10, 2 if quick else 7, 2 if quick else 20)
+        med, lo, hi = time_steps(nanogpt_step_fn(quick, bf16), 1 if quick else 10, 2 if quick else 7, 2 if quick else 20)
         return 1 / med, 1 / hi, 1 / lo
-    step, tokens = p2_step_fn(quick)
+    if case == "gpt2":
+        step, tokens = gpt2_step_fn(quick, bf16)
+        med, lo, hi = time_steps(step, 1, 2 if quick else 3, 1)
+        return tokens / med, tokens / hi, tokens / lo
+    step, tokens = p2_step_fn(quick, bf16)
     med, lo, hi = time_steps(step, 1 if quick else 3, 2 if quick else 5, 1 if quick else 3)
     return tokens / med, tokens / hi, tokens / lo
 

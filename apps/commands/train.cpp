@@ -153,6 +153,7 @@ void print_model_facts(const RunConfig& cfg, nn::LanguageModelImpl& model, torch
   log->info("model: {} | {} parameters | device {} | {} intra-op thread(s)", name.str(),
             nn::count_parameters(model), device.str(), at::get_num_threads());
   if (device.is_cpu()) log->info("cpu kernels: {}", nn::cpu_kernels_description());
+  if (device.is_cpu() && cfg.trainer.bf16()) log->info("bf16 on the CPU: {}", nn::bf16_products_description());
   log->info("task: {} | vocab {} | seq_len {} | batch {} x {} accum | {} epochs x {} steps | {} lr {}",
             cfg.task, cfg.get<int64_t>("vocab-size"), cfg.task_options.seq_len(), cfg.trainer.batch_size(), cfg.trainer.grad_accum(), cfg.trainer.epochs(),
             cfg.trainer.steps_per_epoch(), cfg.get<std::string>("optimizer"), cfg.trainer.optimizer().lr());

@@ -305,7 +305,6 @@ Trainer::Trainer(nn::LanguageModel model, std::shared_ptr<data::Task> task, Trai
   if (options_.bf16() && !options_.device().is_cuda()) {
     // On the CPU: the model's products in bfloat16 (its kernel policy), nothing else.
     nn::use_bf16_products(*model_);
-    if (lead()) logger()->info("bf16 on the CPU: {}", nn::bf16_products_description());
   }
   const uint64_t seed = options_.seed();
   // Every rank draws the same global batches and trains on its own rows of them.
