@@ -573,6 +573,7 @@ void bench_gpt2(bool quick, double peak_gflops) {
   emit(named("gpt2"), "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(named("gpt2"), c, s.median, peak_gflops);
   std::filesystem::remove_all(c.trainer.out_dir());
+  if (!quick) bench_ops("gpt2", gpt2_config(quick), quick);  // 12 more steps: not in a smoke run
 }
 
 void bench_p3(bool quick) {

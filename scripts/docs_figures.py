@@ -235,7 +235,68 @@ def pytorch_ratios(file):
 
 CASE_NAMES = {"p1": "P1, the reference run: training steps/s",
               "p2": "P2, 4 blocks, d 256, T 128: training tokens/s",
-              "nanogpt": "nanoGPT's CPU recipe: iterations/s"}
+              "nanogpt": "nanoGPT's CPU recipe: iterations/s",
+              "gpt2": "GPT-2-small shape, 12 blocks, d 768, T 256: training tokens/s"}
+
+
+def curve_text(records):
+    """The sentence on a bench_pytorch.py --curve run, "" where there was none."""
+    curve = {r["metric"]: r for r in records if r["case"] == "nanogpt_curve"}
+    if not curve:
+        return ""
+    a = curve["largest_step_difference_first_steps"]
+    b = curve["largest_window_mean_difference"]
+    bf16 = b.get("tinylm") == "bfloat16 products"
+    step = (f"each step's losses within **{a['value']:.2g} nats** over the first {a['steps']} steps"
+            + (" (no tolerance: bfloat16 rounds otherwise than float32)" if a.get("tolerance") is None
+               else f" (tolerance {a['tolerance']:g})"))
+    return (f"\nnanoGPT's recipe trained {b['steps']} steps in both from the same weights on the same batches"
+            + (", tinylm with bfloat16 products, PyTorch in float32" if bf16 else "")
+            + f": {step}, the means of every {b['window']} steps within **{b['value']:.2g} nats** "
+            f"(tolerance {b['tolerance']:g}).\n")
+
+
+def bf16_block(file):
+    """A bench_pytorch.py --bf16 run: tinylm with bfloat16 products against tinylm float32
+    and against PyTorch at its best (float32 or CPU autocast), each as the median of the
+    rounds' ratios, with the utilisation of the bfloat16 peak."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        def rounds(case, metric):
+            return [r for r in records if r["case"] == case and r["metric"] == metric]
+        def median_of(values):
+            values = sorted(values)
+            return values[len(values) // 2]
+        rows = []
+        for case in ["p1", "p2", "nanogpt", "gpt2"]:
+            over32 = rounds(f"{case}_bf16_over_float32", "tinylm_bf16_over_tinylm_float32")
+            overpt = rounds(f"{case}_bf16_ratio", "tinylm_bf16_over_pytorch_best")
+            m32 = rounds(f"{case}_bf16_over_float32", "median_tinylm_bf16_over_tinylm_float32")
+            mpt = rounds(f"{case}_bf16_ratio", "median_tinylm_bf16_over_pytorch_best")
+            if not (over32 and overpt and m32 and mpt):
+                continue
+            modes = sorted({r["pytorch_mode"] for r in overpt})
+            mfu = [r["value"] for r in records if r["case"] == f"{case}_bf16" and r["metric"] == "mfu"
+                   and r.get("threads") == overpt[0]["tinylm_threads"]]
+            rows.append([CASE_NAMES.get(case, case),
+                         number(median_of(r["tinylm_float32"] for r in over32)),
+                         number(median_of(r["tinylm_bf16"] for r in over32)),
+                         f"**{m32[0]['value']:.2f}×** ({', '.join(f'{x:.2f}' for x in m32[0]['all'])})",
+                         f"{number(median_of(r['pytorch'] for r in overpt))} ({' / '.join(modes)})",
+                         f"**{mpt[0]['value']:.2f}×** ({', '.join(f'{x:.2f}' for x in mpt[0]['all'])})",
+                         f"{median_of(mfu):.0%}" if mfu else ""])
+        if not rows:
+            raise Missing(f"docs/figures/{file}.jsonl has no bfloat16 ratio records")
+        peak = [r["value"] for r in records if r["case"] == "peak_bf16_onednn" and r["metric"] == "over_float32_peak"]
+        text = (provenance(meta, meta["command"]) + "; tinylm at 2 threads, PyTorch at its best thread setting and "
+                "precision, rates the medians of the rounds:\n\n" +
+                table(["case", "tinylm float32", "tinylm bfloat16", "bfloat16 / float32 (rounds)",
+                       "PyTorch eager at its best", "tinylm bfloat16 / PyTorch (rounds)", "MFU (bfloat16 peak)"], rows))
+        if peak:
+            text += (f"\nThe bfloat16 matmul peak (oneDNN, 1024³) was **{median_of(peak):.2f}×** the best float32 "
+                     f"peak in the same runs (median of {len(peak)}).\n")
+        return text + curve_text(records)
+    return render
 
 
 def pytorch_block(file):
@@ -257,15 +318,32 @@ def pytorch_block(file):
         text = (provenance(meta, meta["command"]) + "; each side at its best thread setting, rates the medians "
                 "of the rounds:\n\n" +
                 table(["case", "tinylm", "PyTorch eager (Python)", "tinylm / PyTorch, median (rounds)"], rows))
-        curve = {r["metric"]: r for r in records if r["case"] == "nanogpt_curve"}
-        if curve:
-            a = curve["largest_step_difference_first_steps"]
-            b = curve["largest_window_mean_difference"]
-            text += (f"\nnanoGPT's recipe trained {b['steps']} steps in both from the same weights on the same "
-                     f"batches: each step's losses within **{a['value']:.2g} nats** over the first {a['steps']} "
-                     f"steps (tolerance {a['tolerance']:g}), the means of every {b['window']} steps within "
-                     f"**{b['value']:.2g} nats** (tolerance {b['tolerance']:g}).\n")
-        return text
+        return text + curve_text(records)
+    return render
+
+
+def generate_bf16_block(file):
+    """A scripts/bench_bf16_generate.py run: greedy tokens/s in float32 and with bfloat16
+    products, per checkpoint, and whether the text is the same."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        rows = []
+        for r in records:
+            if r["metric"] != "over_float32":
+                continue
+            rate = {x["case"]: x["value"] for x in records
+                    if x["checkpoint"] == r["checkpoint"] and x["metric"] == "tokens_per_s"}
+            same = ("yes" if r["same_greedy_text"] else
+                    f"no: from byte {r['first_difference_byte']}, {r['float32_from_there']!r} against "
+                    f"{r['bf16_from_there']!r}")
+            rows.append([f"`{r['checkpoint']}`", number(rate["generate_float32"]), number(rate["generate_bf16"]),
+                         f"**{r['value']:.2f}×**", same])
+        if not rows:
+            raise Missing(f"docs/figures/{file}.jsonl has no ratio records")
+        return (provenance(meta, meta["command"]) + f" ({records[-1]['tokens']} greedy tokens after "
+                f"\"{records[-1]['prompt']}\", medians of the rounds, float32 and bfloat16 in turn):\n\n" +
+                table(["checkpoint", "float32 tokens/s", "bfloat16 tokens/s", "bfloat16 / float32",
+                       "greedy text as float32's"], rows))
     return render
 
 
@@ -368,6 +446,8 @@ BLOCKS = {
     "bench-arch": bench_block("bench-arch", ["arch"]),
     "bench-decode": bench_block("bench-decode", ["decode"]),
     "bench-bf16-peak": bench_block("bench-bf16-peak", ["peak"]),
+    "pytorch-bf16": bf16_block("pytorch-bf16"),
+    "bf16-generate": generate_bf16_block("bf16-generate"),
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
     "serve-p2-epyc": serve_block("serve-p2-epyc"),

@@ -9,6 +9,7 @@
 #include "nn/cpu/kernels.h"
 #include "nn/kernel_counts.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #if defined(TINYLM_HAVE_ONEDNN)
@@ -33,6 +34,10 @@ const uint16_t* packed_bf16(bool trans, int64_t rows, int64_t cols, const float*
                             std::vector<uint16_t>& out) {
   const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
   out.resize(static_cast<size_t>(stored_rows * stored_cols));
+  if (ld == stored_cols) {  // packed already: one pass
+    round_to_bf16(X, out.data(), stored_rows * stored_cols);
+    return out.data();
+  }
   for (int64_t i = 0; i < stored_rows; ++i) round_to_bf16(X + i * ld, out.data() + i * stored_cols, stored_cols);
   return out.data();
 }
@@ -41,7 +46,9 @@ const uint16_t* packed_bf16(bool trans, int64_t rows, int64_t cols, const float*
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
   TORCH_CHECK(n >= 0, "round_to_bf16: negative count ", n);
-  cpu::table().round_bf16(x, y, n);
+  const auto round = cpu::table().round_bf16;
+  // Over the intra-op threads: a layer's activations are millions of floats.
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) { round(x + begin, y + begin, end - begin); });
 }
 
 float round_to_bf16(float x) {

@@ -31,6 +31,21 @@ else
       { echo "FAIL: no $case ratio printed"; exit 1; }
   done
   [ "$(grep -c '"nanogpt_curve", "metric": "loss"' <<<"$out")" = 20 ] || { echo "FAIL: not 20 curve steps"; exit 1; }
+  # bfloat16 (where the build and the CPU have bfloat16 products): the three ratios of each
+  # case, and the curve in bfloat16 within the 20-step tolerance (no step-by-step one).
+  if "$tinylm" --version | grep -q 'bfloat16: oneDNN' && grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+    out=$("$src/scripts/bench_pytorch.py" --quick --rounds 1 --tinylm-threads 1 --tinylm "$tinylm" --bf16 \
+          --cases p2,gpt2 --curve 20) || { echo "$out"; exit 1; }
+    for case in p2 gpt2; do
+      for ratio in "${case}_ratio\", \"metric\": \"median_tinylm_over_pytorch" \
+                   "${case}_bf16_ratio\", \"metric\": \"median_tinylm_bf16_over_pytorch_best" \
+                   "${case}_bf16_over_float32\", \"metric\": \"median_tinylm_bf16_over_tinylm_float32"; do
+        grep -qF "\"$ratio\"" <<<"$out" || { echo "$out"; echo "FAIL: no $ratio printed"; exit 1; }
+      done
+    done
+    grep -q '"largest_window_mean_difference".*"tinylm": "bfloat16 products"' <<<"$out" ||
+      { echo "FAIL: the bfloat16 curve was not compared"; exit 1; }
+  fi
   "$src/scripts/bench_pytorch.py" --cases p9 --tinylm "$tinylm" 2> err.txt && { echo "FAIL: an unknown case ran"; exit 1; }
   grep -q "unknown case" err.txt || { echo "FAIL: unclear error: $(cat err.txt)"; exit 1; }
 fi
