@@ -448,6 +448,7 @@ BLOCKS = {
     "bench-bf16-peak": bench_block("bench-bf16-peak", ["peak"]),
     "pytorch-bf16": bf16_block("pytorch-bf16"),
     "bf16-generate": generate_bf16_block("bf16-generate"),
+    "bench-gpt2-bf16": bench_block("bench-gpt2-bf16", ["gpt2"]),
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
     "serve-p2-epyc": serve_block("serve-p2-epyc"),
