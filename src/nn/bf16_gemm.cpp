@@ -110,10 +110,12 @@ dnnl::memory::desc operand(bool trans, int64_t rows, int64_t cols, int64_t ld, d
   return dnnl::memory::desc({rows, cols}, type, trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
 }
 
-/// The primitive for C (M x N, row stride ldc) (+)= op(A) op(B), made once per shape and thread.
+/// The primitive for C (M x N, row stride ldc) (+)= op(A) op(B) (+ a bias row), made once
+/// per shape and thread.
 std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                                                   int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
-  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate};
+                                                   int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
+                                                   bool bias = false) {
+  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate, bias};
   auto it = t.products.find(key);
   if (it != t.products.end()) return it->second;
   // A server sees many shapes (prompt lengths, batch widths): the cache is bounded.
@@ -127,10 +129,13 @@ std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool 
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
+  const auto bias_row = operand(false, 1, N, N, dt::f32);
 #if DNNL_VERSION_MAJOR >= 3
-  const dnnl::matmul::primitive_desc pd(t.engine, a, b, c, attr);
+  const auto pd = bias ? dnnl::matmul::primitive_desc(t.engine, a, b, bias_row, c, attr)
+                       : dnnl::matmul::primitive_desc(t.engine, a, b, c, attr);
 #else
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, t.engine);
+  const auto pd = bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias_row, c), attr, t.engine)
+                       : dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, t.engine);
 #endif
   return t.products.emplace(key, std::make_pair(dnnl::matmul(pd), std::string(pd.impl_info_str()))).first->second;
 }
@@ -145,7 +150,7 @@ std::string bf16_products_missing() {
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
   TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
   TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
               "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
@@ -153,19 +158,24 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   TORCH_CHECK(bf16_products_missing().empty(), "gemm_bf16: ", bf16_products_missing());
   if (M == 0 || N == 0) return;
   if (K == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, N * sizeof(float));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (accumulate ? C[i * ldc + j] : 0.0f) + (bias ? bias[j] : 0.0f);
     return;
   }
   count_bf16_gemm();
   auto& t = bf16_thread();
-  auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate).first;
+  auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr).first;
   using dt = dnnl::memory::data_type;
   // oneDNN reads the operands only; its memory objects take non-const pointers.
   dnnl::memory a(operand(trans_a, M, K, lda, dt::bf16), t.engine, const_cast<uint16_t*>(A));
   dnnl::memory b(operand(trans_b, K, N, ldb, dt::bf16), t.engine, const_cast<uint16_t*>(B));
   dnnl::memory c(operand(false, M, N, ldc, dt::f32), t.engine, C);
-  p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  if (bias) {
+    dnnl::memory row(operand(false, 1, N, N, dt::f32), t.engine, const_cast<float*>(bias));
+    p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_BIAS, row}, {DNNL_ARG_DST, c}});
+  } else {
+    p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  }
   t.stream.wait();
 }
 
@@ -187,7 +197,7 @@ std::string bf16_products_missing() {
 }
 
 void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*,
-               int64_t, bool) {
+               int64_t, bool, const float*) {
   TORCH_CHECK(false, "gemm_bf16: ", bf16_products_missing());
 }
 

@@ -131,8 +131,9 @@ class Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> 
     auto wb = rounded_weights().of(weight);
     auto y = torch::empty({M, N}, x.options());
     const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
-    if (has_bias) y.copy_(bias.expand({M, N}));
-    nn::gemm_bf16(false, true, M, N, K, bits(xb), K, bits(wb), K, floats(y), N, has_bias);
+    const auto b = has_bias ? bias.contiguous() : bias;
+    nn::gemm_bf16(false, true, M, N, K, bits(xb), K, bits(wb), K, floats(y), N, false,
+                  has_bias ? b.data_ptr<float>() : nullptr);
     ctx->save_for_backward({xb, wb});
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["x_sizes"] = x.sizes().vec();

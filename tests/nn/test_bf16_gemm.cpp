@@ -102,18 +102,24 @@ TEST_CASE("gemm_bf16: bfloat16 operands, float32 sums, in every orientation", "[
           for (auto& x : C) x = normal(rng);
           const auto before = C;
           const bool rounded_first = (s.M + ta + tb) % 2 == 0;  // half the cases: operands given in bfloat16
+          // and half of those with a bias row added in the same pass
+          const bool with_bias = rounded_first && (s.N + accumulate + ta) % 2 == 1;
+          std::vector<float> bias(s.N);
+          for (auto& x : bias) x = normal(rng);
           if (rounded_first) {
             std::vector<uint16_t> Ab(A.size()), Bb(B.size());
             round_to_bf16(A.data(), Ab.data(), static_cast<int64_t>(A.size()));
             round_to_bf16(B.data(), Bb.data(), static_cast<int64_t>(B.size()));
-            gemm_bf16(ta, tb, s.M, s.N, s.K, Ab.data(), lda, Bb.data(), ldb, C.data(), ldc, accumulate);
+            gemm_bf16(ta, tb, s.M, s.N, s.K, Ab.data(), lda, Bb.data(), ldb, C.data(), ldc, accumulate,
+                      with_bias ? bias.data() : nullptr);
           } else {
             gemm_bf16(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, C.data(), ldc, accumulate);
           }
           double worst_rounded = 0, worst_exact = 0;
           for (int64_t i = 0; i < s.M; ++i)
             for (int64_t j = 0; j < s.N; ++j) {
-              double rounded = accumulate ? before[i * ldc + j] : 0, exact = rounded, size = 0;
+              double rounded = (accumulate ? before[i * ldc + j] : 0) + (with_bias ? bias[j] : 0.0f), exact = rounded,
+                     size = 0;
               for (int64_t k = 0; k < s.K; ++k) {
                 const float a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
                 rounded += static_cast<double>(round_to_bf16(a)) * round_to_bf16(b);
@@ -125,7 +131,7 @@ TEST_CASE("gemm_bf16: bfloat16 operands, float32 sums, in every orientation", "[
               worst_exact = std::max(worst_exact, std::fabs(got - exact) / (size + 1));
             }
           INFO("M " << s.M << " N " << s.N << " K " << s.K << " trans " << ta << tb << " accumulate " << accumulate
-                     << " given in bfloat16 " << rounded_first);
+                     << " given in bfloat16 " << rounded_first << " bias " << with_bias);
           CHECK(worst_rounded < 1e-5);  // float32 sums of the rounded operands' products
           CHECK(worst_exact < 1e-2);    // bfloat16's rounding: 8 bits of mantissa
           // The padding past each row is untouched.

@@ -100,8 +100,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 /// The same with operands already in bfloat16 (bits as round_to_bf16 writes them), stored
 /// as gemm() takes them: a weight rounded once serves every product until it changes.
+/// `bias` (N floats, or null) is added to every row of C, in float32, in the same pass.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
+               const float* bias = nullptr);
 
 /// "" where gemm_bf16 runs here, else why not: a build without oneDNN, or a CPU without
 /// bfloat16 instructions (there oneDNN converts to float32, slower than float32 itself).
