@@ -24,51 +24,6 @@ namespace {
 float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-class LinearFunction : public torch::autograd::Function<LinearFunction> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                                const torch::Tensor& weight, const torch::Tensor& bias,
-                                                const KernelPolicy& policy) {
-    RECORD_USER_SCOPE("tinylm::linear");
-    const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
-    auto x2 = x.reshape({M, K}).contiguous();
-    auto w = weight.contiguous();
-    auto y = torch::empty({M, N}, x.options());
-    const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
-    if (has_bias) y.copy_(bias.expand({M, N}));
-    nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias, policy);
-    ctx->save_for_backward({x2, w});
-    save_policy(ctx, policy);
-    ctx->saved_data["has_bias"] = has_bias;
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = N;
-    return {y.view(out_sizes)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];  // (M, K)
-    const auto& w = saved[1];  // (N, K)
-    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-    const KernelPolicy policy = saved_policy(ctx);
-    auto dy = grads[0].reshape({M, N}).contiguous();
-    torch::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      dx = torch::empty({M, K}, x.options());
-      nn::gemm(false, false, M, K, N, floats(dy), N, floats(w), K, floats(dx), K, false, policy);
-      dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
-    }
-    if (ctx->needs_input_grad(1)) {
-      dw = torch::empty({N, K}, x.options());
-      nn::gemm(true, false, N, K, M, floats(dy), N, floats(x), K, floats(dw), K, false, policy);
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db, torch::Tensor()};
-  }
-};
-
 /// x as bfloat16 (round_to_bf16), contiguous, in a kBFloat16 tensor.
 torch::Tensor rounded(const torch::Tensor& x) {
   const auto c = x.contiguous();
@@ -118,23 +73,32 @@ RoundedWeights& rounded_weights() {
   return *weights;
 }
 
-/// The same layer with its products in bfloat16 (KernelPolicy::bf16_products): x and dy
-/// rounded as they come, W once per change (rounded_weights); what backward needs is kept
-/// rounded (half the memory of x in float32), the sums and the gradients float32.
-class Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> {
+/// One Linear layer as an autograd op, its three products on tinylm's gemm as `policy`
+/// chooses, or with policy.bf16_products in bfloat16: x and dy rounded as they come, W once
+/// per change (rounded_weights), what the backward needs kept rounded (half the memory of
+/// x in float32), the sums and the gradients float32.
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                                const torch::Tensor& weight, const torch::Tensor& bias) {
-    RECORD_USER_SCOPE("tinylm::linear_bf16");
+                                                const torch::Tensor& weight, const torch::Tensor& bias,
+                                                const KernelPolicy& policy) {
+    const bool bf16 = policy.bf16_products;
+    RECORD_USER_SCOPE(bf16 ? "tinylm::linear_bf16" : "tinylm::linear");
     const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
-    auto xb = rounded(x.reshape({M, K}));
-    auto wb = rounded_weights().of(weight);
+    auto x2 = bf16 ? rounded(x.reshape({M, K})) : x.reshape({M, K}).contiguous();
+    auto w = bf16 ? rounded_weights().of(weight) : weight.contiguous();
     auto y = torch::empty({M, N}, x.options());
     const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
-    const auto b = has_bias ? bias.contiguous() : bias;
-    nn::gemm_bf16(false, true, M, N, K, bits(xb), K, bits(wb), K, floats(y), N, false,
-                  has_bias ? b.data_ptr<float>() : nullptr);
-    ctx->save_for_backward({xb, wb});
+    if (bf16) {  // the bias added in oneDNN's pass
+      const auto b = has_bias ? bias.contiguous() : bias;
+      nn::gemm_bf16(false, true, M, N, K, bits(x2), K, bits(w), K, floats(y), N, false,
+                    has_bias ? b.data_ptr<float>() : nullptr);
+    } else {
+      if (has_bias) y.copy_(bias.expand({M, N}));
+      nn::gemm(false, true, M, N, K, floats(x2), K, floats(w), K, floats(y), N, has_bias, policy);
+    }
+    ctx->save_for_backward({x2, w});
+    save_policy(ctx, policy);
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     auto out_sizes = x.sizes().vec();
@@ -145,24 +109,32 @@ class Bf16LinearFunction : public torch::autograd::Function<Bf16LinearFunction> 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& xb = saved[0];  // (M, K) bfloat16
-    const auto& wb = saved[1];  // (N, K) bfloat16
-    const int64_t M = xb.size(0), K = xb.size(1), N = wb.size(0);
+    const auto& x = saved[0];  // (M, K), bfloat16 with bf16_products
+    const auto& w = saved[1];  // (N, K), likewise
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    const KernelPolicy policy = saved_policy(ctx);
     auto dy = grads[0].reshape({M, N}).contiguous();
-    auto dyb = rounded(dy);
-    const auto options = dy.options();
+    const auto dy_operand = policy.bf16_products ? rounded(dy) : dy;
+    // C (rows x cols) = op(A) B, A stored as the gemm takes it: float32 or bfloat16 operands.
+    auto product = [&](bool trans_a, int64_t rows, int64_t cols, int64_t inner, const torch::Tensor& A, int64_t lda,
+                       const torch::Tensor& B, torch::Tensor& C) {
+      if (policy.bf16_products)
+        nn::gemm_bf16(trans_a, false, rows, cols, inner, bits(A), lda, bits(B), cols, floats(C), cols, false);
+      else
+        nn::gemm(trans_a, false, rows, cols, inner, floats(A), lda, floats(B), cols, floats(C), cols, false, policy);
+    };
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
-      dx = torch::empty({M, K}, options);
-      nn::gemm_bf16(false, false, M, K, N, bits(dyb), N, bits(wb), K, floats(dx), K, false);
+      dx = torch::empty({M, K}, dy.options());
+      product(false, M, K, N, dy_operand, N, w, dx);  // dx = dy W
       dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
-      dw = torch::empty({N, K}, options);
-      nn::gemm_bf16(true, false, N, K, M, bits(dyb), N, bits(xb), K, floats(dw), K, false);
+      dw = torch::empty({N, K}, dy.options());
+      product(true, N, K, M, dy_operand, N, x, dw);  // dW = dyᵀ x
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db};
+    return {dx, dw, db, torch::Tensor()};
   }
 };
 
@@ -179,7 +151,6 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
     return torch::nn::functional::linear(x, weight, bias);
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
-  if (policy.bf16_products) return Bf16LinearFunction::apply(x, weight, b)[0];
   return LinearFunction::apply(x, weight, b, policy)[0];
 }
 
