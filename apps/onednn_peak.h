@@ -12,8 +12,10 @@ struct OnednnProduct {
   std::string impl;    // oneDNN's kernel, e.g. "brg:avx512_core_amx_bf16"
 };
 
-/// Whether this build has oneDNN ("" if so, else why not).
-std::string onednn_missing();
+/// Whether oneDNN can make an n x n x n product with float32 or bfloat16 inputs here ("" if
+/// so, else why not: a build without oneDNN, or no kernel for this CPU, e.g. bfloat16 on
+/// oneDNN 2.x without AVX-512).
+std::string onednn_missing(bool bf16);
 
 /// oneDNN's version, "2.6.3".
 std::string onednn_version();

@@ -8,7 +8,8 @@ echo "$out"
 import json, sys
 records = [json.loads(l) for l in sys.argv[1].splitlines()]
 # A case that cannot run here says why (BPE in a sanitizer build, which cannot load
-# SentencePiece); it must name a reason and is listed, not counted as a figure.
+# SentencePiece; bfloat16 products on a CPU without AVX512-BF16 or AMX, or a build without
+# oneDNN); it must name a reason and is listed, not counted as a figure.
 skipped = [r for r in records if "skipped" in r]
 lines = [r for r in records if "skipped" not in r]
 for r in skipped:
@@ -16,8 +17,17 @@ for r in skipped:
         print("FAIL: a skipped case gives no reason:", r)
         sys.exit(1)
     print(f"skipped: {r['case']}: {r['skipped']}")
-if {r["case"] for r in skipped} - {"prepare_bpe"}:
-    print("FAIL: only prepare_bpe may be skipped:", skipped)
+flags = set(open("/proc/cpuinfo").read().split()) if sys.platform.startswith("linux") else set()
+bf16_cpu = bool({"avx512_bf16", "amx_bf16"} & flags)
+bf16_cases = {"peak_bf16_onednn", "peak_bf16_p2_linears"}
+for r in skipped:
+    # bfloat16 may be skipped only where the build has no oneDNN or the CPU no bfloat16
+    # instructions: on a CPU that has them, a skip is a fault.
+    if r["case"] in bf16_cases and bf16_cpu and "no oneDNN" not in r["skipped"]:
+        print("FAIL: this CPU has bfloat16 instructions, yet", r["case"], "was skipped:", r["skipped"])
+        sys.exit(1)
+if {r["case"] for r in skipped} - {"prepare_bpe"} - bf16_cases:
+    print("FAIL: only prepare_bpe and the bfloat16 peaks may be skipped:", skipped)
     sys.exit(1)
 seen = {(r["case"], r["metric"]) for r in lines}
 need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matmul", "share"),
@@ -45,7 +55,7 @@ need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matm
         ("decode_reference_single", "generate_tokens_per_s"), ("decode_p2_single", "generate_tokens_per_s")}
 need |= {("decode_%s_batch_%d" % (m, s), k) for m in ("reference", "p2") for s in (1, 8, 64)
          for k in ("decode_tokens_per_s", "over_single_stream")}
-if not skipped:
+if "prepare_bpe" not in {r["case"] for r in skipped}:
     need |= {("prepare_bpe", "encode_mb_per_s"), ("prepare_bpe", "tokenizer_training_s")}
 missing = need - seen
 bad = [r for r in lines if not (r["value"] > 0 or r["metric"] in ("identical_tokens", "idle_cpu_use_after_steps"))]
