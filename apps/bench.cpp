@@ -1193,7 +1193,11 @@ int run_bench(const BenchArgs& a) {
   }
   g_bf16 = a.bf16;
   TORCH_CHECK(!g_bf16 || nn::bf16_products_missing().empty(), "--bf16: bf16 on the CPU needs bfloat16 products, and ",
-              nn::bf16_products_missing());
+              nn::bf16_products_missing(), ": run the bench without --bf16");
+  // Emulated products (for tests) are not bfloat16 kernels: their figures would be
+  // compared as something they are not.
+  TORCH_CHECK(!g_bf16 || !nn::bf16_products_emulated(), "--bf16 measures bfloat16 kernels, and TINYLM_BF16_EMULATION=1 "
+              "emulates them in float32 (for tests): unset it");
   // The training cases' utilisation needs the peak: measure it whenever one of them runs.
   const double peak = (wants("peak") || wants("p2") || wants("gpt2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);

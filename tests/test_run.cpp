@@ -187,7 +187,7 @@ TEST_CASE("trainer_options carry every training setting of the config, and the c
 }
 
 TEST_CASE("make_trainer builds the config's run and refuses a task of another vocabulary, and bf16 on a CPU without bfloat16 products",
-          "[run][errors]") {
+          "[run][errors][bf16]") {
   const auto dir = tinylm::test::scratch_dir("run_make_trainer");
   tinylm::test::write_file(dir / "c.txt", tinylm::test::corpus(400));
   data::PrepareOptions p;

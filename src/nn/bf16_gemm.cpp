@@ -2,8 +2,10 @@
 // this CPU is AMX tiles or AVX512-BF16 dot products, with float32 sums (issue 40). Float
 // operands are rounded to bfloat16 by tinylm's loops (cpu::KernelTable::round_bf16) into
 // buffers of this thread's; operands already in bfloat16 go to oneDNN as they are stored,
-// a transposed one by its strides. Each shape's primitive is made once per thread and kept. Built with oneDNN 2.x (Debian 12) or 3.x
-// (Debian 13), whose primitive descriptors are made differently.
+// a transposed one by its strides. Each shape's primitive is made once per thread and kept.
+// Built with oneDNN 2.x (Debian 12) or 3.x (Debian 13), whose primitive descriptors are made
+// differently. With TINYLM_BF16_EMULATION=1 the products are emulated in float32 instead,
+// on any CPU and build (for tests: see emulated()).
 #include <tinylm/nn/cpu_kernels.h>
 
 #include "nn/cpu/kernels.h"
@@ -20,6 +22,7 @@
 #endif
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -140,29 +143,16 @@ std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool 
   return t.products.emplace(key, std::make_pair(dnnl::matmul(pd), std::string(pd.impl_info_str()))).first->second;
 }
 
-}  // namespace
-
-std::string bf16_products_missing() {
+/// Why oneDNN's bfloat16 products do not run here ("" where they do).
+std::string native_missing() {
   static const std::string why =
       cpu_has_bf16() ? "" : "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): its bfloat16 products "
                             "would be slower than float32's";
   return why;
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
-  TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
-  TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
-              "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
-              " for M=", M, " N=", N, " K=", K, ")");
-  TORCH_CHECK(bf16_products_missing().empty(), "gemm_bf16: ", bf16_products_missing());
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (accumulate ? C[i * ldc + j] : 0.0f) + (bias ? bias[j] : 0.0f);
-    return;
-  }
-  count_bf16_gemm();
+void native_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                      const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
   auto& t = bf16_thread();
   auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr).first;
   using dt = dnnl::memory::data_type;
@@ -179,30 +169,110 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   t.stream.wait();
 }
 
-std::string bf16_products_description() {
-  if (!bf16_products_missing().empty()) return "no bfloat16 products: " + bf16_products_missing();
+std::string native_description() {
   const auto* v = dnnl_version();
   constexpr int64_t n = 256;  // a layer's product: oneDNN picks its kernel by shape
-  std::vector<float> a(n * n, 0.0f), b(n * n, 0.0f), c(n * n);
-  gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false);
+  std::vector<uint16_t> a(n * n, 0), b(n * n, 0);
+  std::vector<float> c(n * n);
+  native_gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false, nullptr);
   auto& t = bf16_thread();
   return "bfloat16 products: oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + " (" +
          bf16_product(t, false, false, n, n, n, n, n, n, false).second + " at 256 x 256 x 256)";
 }
 
+}  // namespace
+
 #else
 
-std::string bf16_products_missing() {
-  return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)";
+namespace {
+
+std::string native_missing() { return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)"; }
+
+void native_gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                      float*, int64_t, bool, const float*) {
+  TORCH_CHECK(false, "gemm_bf16: ", native_missing());
 }
 
-void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*,
-               int64_t, bool, const float*) {
-  TORCH_CHECK(false, "gemm_bf16: ", bf16_products_missing());
-}
+std::string native_description() { return ""; }
 
-std::string bf16_products_description() { return "no bfloat16 products: " + bf16_products_missing(); }
+}  // namespace
 
 #endif
+
+namespace {
+
+/// TINYLM_BF16_EMULATION=1: bfloat16 products emulated in float32, on any CPU and build, so
+/// that the bfloat16 path (rounding, caches, gradients, the CLI's runs) is tested where
+/// oneDNN's bfloat16 kernels cannot run. The operands are rounded as ever, widened back to
+/// float32 (exactly) and multiplied by the float32 kernels: products exact, sums in float32,
+/// as AMX and AVX512-BF16 make them, the order of the sums aside. Slower than float32: for
+/// tests, not for runs.
+bool emulated() {
+  static const bool on = [] {
+    const char* v = std::getenv("TINYLM_BF16_EMULATION");
+    const std::string value = v ? v : "";
+    TORCH_CHECK(value.empty() || value == "0" || value == "1", "TINYLM_BF16_EMULATION is '", value,
+                "': set it to 1 (bfloat16 products emulated in float32, for tests) or unset it");
+    return value == "1";
+  }();
+  return on;
+}
+
+/// The stored matrix (rows x cols, row stride ld) of bfloat16 bits, widened to packed float32.
+const float* widened(const uint16_t* X, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint32_t u = static_cast<uint32_t>(X[i * ld + j]) << 16;
+      std::memcpy(&out[i * cols + j], &u, sizeof u);
+    }
+  return out.data();
+}
+
+void emulated_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                        const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
+  thread_local std::vector<float> a, b;
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const float* fa = widened(A, a_rows, a_cols, lda, a);
+  const float* fb = widened(B, b_rows, b_cols, ldb, b);
+  gemm(trans_a, trans_b, M, N, K, fa, a_cols, fb, b_cols, C, ldc, accumulate, GemmBackend::automatic);
+  if (bias)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] += bias[j];
+}
+
+}  // namespace
+
+std::string bf16_products_missing() { return emulated() ? "" : native_missing(); }
+
+bool bf16_products_emulated() { return emulated(); }
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
+  TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
+              "gemm_bf16: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
+              " for M=", M, " N=", N, " K=", K, ")");
+  TORCH_CHECK(bf16_products_missing().empty(), "gemm_bf16: ", bf16_products_missing());
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (accumulate ? C[i * ldc + j] : 0.0f) + (bias ? bias[j] : 0.0f);
+    return;
+  }
+  count_bf16_gemm();
+  if (emulated())
+    emulated_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias);
+  else
+    native_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias);
+}
+
+std::string bf16_products_description() {
+  if (emulated())
+    return "bfloat16 products: emulated in float32 (TINYLM_BF16_EMULATION=1: operands rounded to bfloat16, "
+           "multiplied by the float32 kernels; for tests, slower than float32)";
+  if (!native_missing().empty()) return "no bfloat16 products: " + native_missing();
+  return native_description();
+}
 
 }  // namespace tinylm::nn

@@ -66,22 +66,32 @@ check("3 4 5 6" + c["choices"][0]["text"] == sample, "greedy %r differs from sam
 
 # --bf16: the model's products in bfloat16 where the build and the CPU have them (the card
 # says so; greedy text as `tinylm sample --bf16` gives it, and on this checkpoint as
-# float32's), refused with one line elsewhere.
-version = subprocess.run([tinylm, "--version"], capture_output=True, text=True).stdout
-flags = open("/proc/cpuinfo").read().split()
-if "bfloat16: oneDNN" in version and ("avx512_bf16" in flags or "amx_bf16" in flags):
+# float32's), refused with one line elsewhere; and on every machine with the products
+# emulated in float32 (TINYLM_BF16_EMULATION=1, for tests), so serve's bfloat16 path is
+# tested where the CPU has no bfloat16 instructions too.
+def check_bf16_serve(name):
     bf16 = Server(tinylm, run, "--bf16", work=work)
     status, _, models = bf16.request("GET", "/v1/models")
-    check(status == 200 and models["data"][0]["card"]["products"] == "bfloat16", "bf16 card: %r" % models)
+    check(status == 200 and models["data"][0]["card"]["products"] == "bfloat16", "%s card: %r" % (name, models))
     text = completion(bf16, max_tokens=8, temperature=0)["choices"][0]["text"]
     sample_bf16 = subprocess.run([tinylm, "sample", ckpt, "--prompt", "3 4 5 6", "--greedy", "--max-new-tokens", "8",
                                   "--bf16"], capture_output=True, text=True).stdout.strip()
-    check("3 4 5 6" + text == sample_bf16 == sample, "bf16 greedy %r, sample --bf16 %r, float32 %r" % (text, sample_bf16, sample))
-    check(bf16.stop() == 0, "bf16 server's exit status")
+    check("3 4 5 6" + text == sample_bf16 == sample,
+          "%s greedy %r, sample --bf16 %r, float32 %r" % (name, text, sample_bf16, sample))
+    check(bf16.stop() == 0, "%s server's exit status" % name)
+
+
+version = subprocess.run([tinylm, "--version"], capture_output=True, text=True).stdout
+flags = open("/proc/cpuinfo").read().split()
+if "bfloat16: oneDNN" in version and ("avx512_bf16" in flags or "amx_bf16" in flags):
+    check_bf16_serve("bf16")
 else:
     r = subprocess.run([tinylm, "serve", run, "--port", "0", "--bf16"], capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and "bf16 on the CPU needs bfloat16 products" in r.stderr and "Traceback" not in r.stderr,
           "serve --bf16 without bfloat16 products: %d %r" % (r.returncode, r.stderr))
+os.environ["TINYLM_BF16_EMULATION"] = "1"  # inherited by the server and sample below
+check_bf16_serve("bf16 emulated")
+del os.environ["TINYLM_BF16_EMULATION"]
 
 # A seed gives the same tokens, streamed or not; the stream's pieces add up to the text.
 a = completion(srv, max_tokens=10, seed=42, temperature=1.5)["choices"][0]["text"]

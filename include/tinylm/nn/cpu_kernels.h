@@ -107,7 +107,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 
 /// "" where gemm_bf16 runs here, else why not: a build without oneDNN, or a CPU without
 /// bfloat16 instructions (there oneDNN converts to float32, slower than float32 itself).
+/// With the environment's TINYLM_BF16_EMULATION=1, "" everywhere: the products are then
+/// emulated in float32 (operands rounded, widened, multiplied by gemm()), slower than
+/// float32, so that the bfloat16 path is tested on any machine. Any value but 0 or 1 throws.
 std::string bf16_products_missing();
+
+/// Whether gemm_bf16 is the float32 emulation (TINYLM_BF16_EMULATION=1).
+bool bf16_products_emulated();
 
 /// What gemm_bf16 runs here ("bfloat16 products: oneDNN 2.6 (brg:avx512_core_amx_bf16 ...)"),
 /// or why it does not.
