@@ -32,6 +32,14 @@ namespace tinylm::nn {
 
 namespace {
 
+/// bfloat16 bits as the float they stand for (exact: the upper half of a float32).
+float bf16_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /// The stored matrix of op(X) (rows x cols of op(X), or its transpose) as packed bfloat16.
 const uint16_t* packed_bf16(bool trans, int64_t rows, int64_t cols, const float* X, int64_t ld,
                             std::vector<uint16_t>& out) {
@@ -57,10 +65,7 @@ void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
 float round_to_bf16(float x) {
   uint16_t h;
   round_to_bf16(&x, &h, 1);
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return bf16_to_float(h);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -222,10 +227,7 @@ bool emulated() {
 const float* widened(const uint16_t* X, int64_t rows, int64_t cols, int64_t ld, std::vector<float>& out) {
   out.resize(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const uint32_t u = static_cast<uint32_t>(X[i * ld + j]) << 16;
-      std::memcpy(&out[i * cols + j], &u, sizeof u);
-    }
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = bf16_to_float(X[i * ld + j]);
   return out.data();
 }
 
