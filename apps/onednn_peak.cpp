@@ -94,7 +94,10 @@ std::string onednn_missing(bool) {
   return "this build has no oneDNN (apt-get install libdnnl-dev, then configure again)";
 }
 std::string onednn_version() { return ""; }
-OnednnProduct onednn_matmul(int64_t, bool, int) { TORCH_CHECK(false, onednn_missing()); }
+OnednnProduct onednn_matmul(int64_t, bool, int) {
+  TORCH_CHECK(false, onednn_missing(true));
+  return {};  // LibTorch 2.11's TORCH_CHECK(false, ...) is not seen as not returning
+}
 
 #endif
 

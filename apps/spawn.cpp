@@ -31,7 +31,10 @@ pid_t spawn_self(const SpawnOptions& o) {
     if (::getppid() == 1) ::_exit(137);  // it died before that was set
   }
   if (o.stdout_fd >= 0) ::dup2(o.stdout_fd, STDOUT_FILENO);
-  if (o.quiet) std::freopen("/dev/null", "w", stdout);
+  if (o.quiet && std::freopen("/dev/null", "w", stdout) == nullptr) {
+    std::fprintf(stderr, "error: cannot start a worker process: /dev/null: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
   for (int fd : o.close_fds) ::close(fd);
   for (const auto& [name, value] : o.env) ::setenv(name.c_str(), value.c_str(), 1);
   ::execv("/proc/self/exe", argv.data());

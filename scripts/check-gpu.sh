@@ -10,12 +10,16 @@
 #   bf16        a transformer run with --bf16 (autocast) on the copy task, to 99% accuracy
 #   p2          P2 (4 blocks, d 256, 8 heads, T 128, batch 16, AdamW) in tokens/s: tinylm
 #               against PyTorch eager, same GPU, same model, both in float32
+#   bf16_generate  sample --bf16 against float32 on the GPU (scripts/bench_bf16_generate.py)
+#               for the reference and P2 checkpoints: tokens/s, and the reference's greedy
+#               text the same as float32's
 # and exits non-zero when a check fails. Where no GPU is visible it stops at once, with
 # one line saying so.
 #
 # The machine has no internet and need not have Debian's packages: the header-only
-# dependencies (spdlog and fmt, nlohmann/json, toml++, CLI11, Catch2 v2, Gloo's headers)
-# travel with the tree in .deps/ (ignored by git), made on a Debian 12 machine with
+# dependencies (spdlog and fmt, nlohmann/json, toml++, CLI11, Catch2 v2, Gloo's headers;
+# spdlog is Debian 13's, fetched from Debian's archive) travel with the tree in .deps/
+# (ignored by git), made on a Debian 12 machine with
 #   scripts/check-gpu.sh --stage
 # SentencePiece is left out there (byte-level tokenizers only), and libxsmm where absent.
 #   scripts/check-gpu.sh [--jobs N]     run the checks (build in build/gpu)
@@ -34,6 +38,24 @@ if [ "${1:-}" = --stage ]; then
     cp -r "/usr/include/$d" "$deps/include/"
   done
   [ -f "$deps/include/catch2/catch.hpp" ] || { echo "check-gpu --stage: Catch2 v2's catch2/catch.hpp is missing (stage on Debian 12)" >&2; exit 1; }
+  # spdlog from Debian 13 (1.15): Debian 12's 1.10 compiles only with fmt 9, and PyTorch's
+  # wheels bring their own fmt (12 in 2.11), which then wins (see the build below). The
+  # package comes from Debian's archive, the one place this machine reaches.
+  apt_dir=$(mktemp -d)
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/deb"
+  echo "deb http://deb.debian.org/debian trixie main" > "$apt_dir/sources.list"
+  apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+            -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o Debug::NoLocking=1)
+  if ! apt-get "${apt_opts[@]}" -qq update > "$apt_dir/log" 2>&1 ||
+     ! (cd "$apt_dir/deb" && apt-get "${apt_opts[@]}" -qq download libspdlog-dev >> "$apt_dir/log" 2>&1) ||
+     ! dpkg-deb -x "$apt_dir"/deb/libspdlog-dev_*.deb "$apt_dir/x" ||
+     [ ! -f "$apt_dir/x/usr/include/spdlog/spdlog.h" ]; then
+    echo "check-gpu --stage: could not fetch Debian 13's libspdlog-dev: $(tail -n 1 "$apt_dir/log")" >&2
+    rm -rf "$apt_dir"; exit 1
+  fi
+  rm -rf "$deps/include/spdlog"
+  cp -r "$apt_dir/x/usr/include/spdlog" "$deps/include/"
+  rm -rf "$apt_dir"
   echo "check-gpu: staged $(du -sh "$deps" | cut -f1) of headers in $deps"
   exit 0
 fi
@@ -125,6 +147,24 @@ else
   fail_json reference "$(tail -n 3 "$work/reference.log" | tr '\n' ' ')"
 fi
 
+# ---- generation with bfloat16 products (sample --bf16) against float32, on the GPU ------
+# The reference checkpoint's greedy text must be float32's; P2's (below) is reported.
+gen_check() {  # gen_check CHECKPOINT...
+  if out=$(python3 scripts/bench_bf16_generate.py --tinylm "$tinylm" --device cuda --rounds 3 "$@" 2> "$work/generate.err"); then
+    python3 - "$out" <<'PY'
+import json, sys
+records = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]
+ratios = [r for r in records if r.get("metric") == "over_float32"]
+ok = bool(ratios) and ratios[0].get("same_greedy_text") is True
+print(json.dumps({"check": "bf16_generate", "ok": ok, "records": records}))
+sys.exit(0 if ok else 1)
+PY
+    [ $? -eq 0 ] || failures=$((failures + 1))
+  else
+    fail_json bf16_generate "$(tail -n 3 "$work/generate.err" | tr '\n' ' ')"
+  fi
+}
+
 # ---- a bf16 transformer run ----------------------------------------------------------------
 if "$tinylm" train --config configs/copy.toml --device cuda --bf16 --out-dir "$work/bf16" > "$work/bf16.log" 2>&1; then
   python3 - "$work/bf16/metrics.jsonl" <<'PY'
@@ -182,6 +222,13 @@ print(json.dumps({"check": "p2", "ok": True, "device": torch.cuda.get_device_nam
 PY
 else
   fail_json p2 "$(tail -n 3 "$work/p2.log" | tr '\n' ' ')"
+fi
+
+p2_checkpoint=$(ls "$work"/p2/best.ckpt "$work"/p2/step-*.ckpt 2> /dev/null | head -n 1)
+if [ -f "$work/reference/best.ckpt" ] && [ -n "$p2_checkpoint" ]; then
+  gen_check "$work/reference/best.ckpt" "$p2_checkpoint"
+else
+  fail_json bf16_generate "no reference or P2 checkpoint to sample (see the checks above)"
 fi
 
 [ "$failures" -eq 0 ] || { echo "check-gpu: $failures check(s) failed (logs in $work)" >&2; exit 1; }

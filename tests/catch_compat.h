@@ -2,7 +2,9 @@
 // Catch::Contains, Catch::StartsWith and Approx, as in v2; v3 moved them.
 #pragma once
 
-#if __has_include(<catch2/catch_all.hpp>)
+// TINYLM_CATCH2_V2: the build chose v2's single header (TINYLM_DEPS_DIR) where v3's are
+// installed too.
+#if !defined(TINYLM_CATCH2_V2) && __has_include(<catch2/catch_all.hpp>)
 #include <catch2/catch_all.hpp>
 
 #include <string>
