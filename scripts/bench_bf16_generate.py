@@ -5,7 +5,7 @@ each (their medians), the ratio, and whether the greedy text is the same (where 
 first token that differs and the two texts from there).
 
   scripts/bench_bf16_generate.py --tinylm build/release/tinylm --prompt "3 3 3 7" \\
-      --max-new-tokens 200 CHECKPOINT...
+      --max-new-tokens 200 [--device cpu|cuda] CHECKPOINT...
 Output: JSON lines, one per checkpoint and precision, then one per checkpoint with the ratio."""
 import argparse
 import json
@@ -16,9 +16,9 @@ import subprocess
 import sys
 
 
-def sample(tinylm, checkpoint, prompt, tokens, bf16):
+def sample(tinylm, checkpoint, prompt, tokens, bf16, device):
     cmd = [tinylm, "sample", checkpoint, "--prompt", prompt, "--greedy", "--max-new-tokens", str(tokens),
-           "--time", "--raw"] + (["--bf16"] if bf16 else [])
+           "--time", "--raw", "--device", device] + (["--bf16"] if bf16 else [])
     out = subprocess.run(cmd, capture_output=True)
     if out.returncode != 0:
         print(f"error: {' '.join(cmd)} failed: {out.stderr.decode(errors='replace').strip()}", file=sys.stderr)
@@ -38,6 +38,7 @@ def main():
     parser.add_argument("--prompt", default="3 3 3 7")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both precisions run")
     args = parser.parse_args()
     if args.rounds < 1 or args.max_new_tokens < 1:
         print("error: --rounds and --max-new-tokens must be >= 1", file=sys.stderr)
@@ -47,18 +48,18 @@ def main():
         texts = {}
         for _ in range(args.rounds):
             for bf16 in (False, True):
-                rate, text = sample(args.tinylm, checkpoint, args.prompt, args.max_new_tokens, bf16)
+                rate, text = sample(args.tinylm, checkpoint, args.prompt, args.max_new_tokens, bf16, args.device)
                 rates[bf16].append(rate)
                 if texts.setdefault(bf16, text) != text:
                     print(f"error: {checkpoint}: greedy text changed between rounds (bf16 {bf16})", file=sys.stderr)
                     sys.exit(1)
         name = os.path.basename(checkpoint)
         for bf16 in (False, True):
-            print(json.dumps({"case": "generate_bf16" if bf16 else "generate_float32", "checkpoint": name,
+            print(json.dumps({"case": "generate_bf16" if bf16 else "generate_float32", "checkpoint": name, "device": args.device,
                               "metric": "tokens_per_s", "value": round(statistics.median(rates[bf16]), 1),
                               "unit": "tokens/s", "all": [round(r, 1) for r in rates[bf16]]}), flush=True)
         same = texts[False] == texts[True]
-        record = {"case": "generate_bf16", "checkpoint": name, "metric": "over_float32",
+        record = {"case": "generate_bf16", "checkpoint": name, "device": args.device, "metric": "over_float32",
                   "value": round(statistics.median(b / f for f, b in zip(rates[False], rates[True])), 3), "unit": "x",
                   "tokens": args.max_new_tokens, "prompt": args.prompt, "same_greedy_text": same}
         if not same:

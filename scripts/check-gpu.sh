@@ -22,7 +22,8 @@
 # (ignored by git), made on a Debian 12 machine with
 #   scripts/check-gpu.sh --stage
 # SentencePiece is left out there (byte-level tokenizers only), and libxsmm where absent.
-#   scripts/check-gpu.sh [--jobs N]     run the checks (build in build/gpu)
+#   scripts/check-gpu.sh [--jobs N]     run the checks (build in build/gpu); with
+#                                       CHECK_GPU_JSONL=FILE, the lines go to FILE too
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -81,6 +82,9 @@ fail_json() {          # fail_json CHECK MESSAGE
 work=$repo/build/gpu-work
 rm -rf "$work"
 mkdir -p "$work"
+# CHECK_GPU_JSONL=FILE: each JSON line also goes to FILE as it is printed (a device run's
+# output folder keeps what a cut-off run had done).
+[ -n "${CHECK_GPU_JSONL:-}" ] && exec > >(tee "$CHECK_GPU_JSONL")
 
 # ---- PyTorch and its LibTorch ------------------------------------------------------------
 if ! info=$(python3 - <<'PY' 2> "$work/torch.err"
@@ -150,7 +154,7 @@ fi
 # ---- generation with bfloat16 products (sample --bf16) against float32, on the GPU ------
 # The reference checkpoint's greedy text must be float32's; P2's (below) is reported.
 gen_check() {  # gen_check CHECKPOINT...
-  if out=$(python3 scripts/bench_bf16_generate.py --tinylm "$tinylm" --device cuda --rounds 3 "$@" 2> "$work/generate.err"); then
+  if out=$(python3 scripts/bench_bf16_generate.py --tinylm "$tinylm" --device cuda --rounds 2 "$@" 2> "$work/generate.err"); then
     python3 - "$out" <<'PY'
 import json, sys
 records = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]

@@ -347,6 +347,56 @@ def generate_bf16_block(file):
     return render
 
 
+def gpu_check_block(file):
+    """A scripts/check-gpu.sh run (on a machine with a GPU): one row per check, with what it
+    measured."""
+    def render(ctx):
+        meta, records = load_jsonl(file)
+        by = {r["check"]: r for r in records if "check" in r}
+        machine = by.get("machine", {}).get("info")
+        if not machine:
+            raise Missing(f"docs/figures/{file}.jsonl has no machine line")
+        rows = []
+        for r in records:
+            c = r.get("check")
+            if c in (None, "machine"):
+                continue
+            if not r["ok"]:
+                what = f"**failed**: {r.get('error', '')}"
+            elif c == "build":
+                what = f"{r['seconds']} s: {r['summary']}"
+            elif c in ("cuda_tests", "sdpa"):
+                what = r["result"]
+            elif c == "reference":
+                what = f"epoch means {', '.join(f'{m:.6f}' for m in r['epoch_means'])}; {r['final']}"
+            elif c == "bf16":
+                v = r["validation"]
+                what = f"validation accuracy {100 * v['accuracy']:.2f}%, exact match {100 * v['exact_match']:.2f}%"
+            elif c == "p2":
+                what = (f"tinylm {number(r['tinylm_tokens_per_s'])} tokens/s, PyTorch eager "
+                        f"{number(r['pytorch_eager_tokens_per_s'])}: **{r['tinylm_over_pytorch']:.2f}×**")
+            elif c == "bf16_generate":
+                parts = []
+                for x in r["records"]:
+                    if x["metric"] != "over_float32":
+                        continue
+                    rate = {y["case"]: y["value"] for y in r["records"]
+                            if y["checkpoint"] == x["checkpoint"] and y["metric"] == "tokens_per_s"}
+                    parts.append(f"`{x['checkpoint']}`: {number(rate['generate_float32'])} → "
+                                 f"{number(rate['generate_bf16'])} tokens/s (**{x['value']:.2f}×**), greedy text "
+                                 + ("as float32's" if x["same_greedy_text"] else
+                                    f"differs from byte {x['first_difference_byte']}"))
+                what = "; ".join(parts)
+            else:
+                what = "passed"
+            rows.append([f"`{c}`", "yes" if r["ok"] else "**no**", what.replace("|", "\\|")])
+        m = meta["machine"]
+        return (f"Measured {meta['date']} on an {machine['gpu']} (PyTorch {machine['torch']}, CUDA {machine['cuda']}; "
+                f"host {m['cpu']}, {m['cores']} cores, {m['os']}), by `{meta['command']}`:\n\n" +
+                table(["check", "passed", "what it measured"], rows))
+    return render
+
+
 def eval_block(file):
     """The `tinylm eval --json` lines of a run of several checkpoints, one row each."""
     def render(ctx):
@@ -453,6 +503,7 @@ BLOCKS = {
     "serve-p2": serve_block("serve-p2"),
     "serve-p2-epyc": serve_block("serve-p2-epyc"),
     "onnx-debian13": onnx_block("onnx-debian13"),
+    "gpu-check": gpu_check_block("gpu-check"),
 }
 
 

@@ -126,7 +126,7 @@ Command add_sample(CLI::App& app) {
   sample_cmd->add_option("--top-p", s.top_p, "nucleus sampling threshold in (0, 1]; 1 = off")->capture_default_str();
   integer(sample_cmd->add_option("--seed", s.seed, "sampling seed; -1 = unseeded"))->capture_default_str();
   sample_cmd->add_flag("--greedy", s.greedy, "always take the most likely token");
-  sample_cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CPU with AVX512-BF16 or AMX)");
+  sample_cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CUDA, or a CPU with AVX512-BF16 or AMX)");
   sample_cmd->add_flag("--time", s.time, "print the generation's tokens/s on stderr (after loading, before printing)");
   sample_cmd->add_flag("--heatmap", s.heatmap, "print the attention heatmap of the result");
   sample_cmd->add_flag("--raw", s.raw,

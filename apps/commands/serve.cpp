@@ -144,7 +144,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--shutdown-seconds", o.shutdown_seconds, "on SIGTERM, cancel what still runs after this")
       ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--metrics", s.metrics, "the run's metrics.jsonl (default: the one beside the checkpoint)");
-  cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CPU with AVX512-BF16 or AMX)");
+  cmd->add_flag("--bf16", s.bf16, "the model's products in bfloat16 (CUDA, or a CPU with AVX512-BF16 or AMX)");
   cmd->add_option("--device", s.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   integer(cmd->add_option("--threads", s.threads, "intra-op CPU threads per request; 0 = default"))->capture_default_str();
   cmd->add_option("--data", s.data, "tokens task, checkpoint without a tokenizer: the prepared corpus");

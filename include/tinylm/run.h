@@ -72,8 +72,8 @@ struct InferenceOptions {
   std::string device = "auto";  // auto, cpu, cuda or cuda:N
   std::string data;             // the data file or corpus, if it moved ("" = the recipe's)
   bool need_data = false;       // build the task (evaluation)
-  /// The model's products in bfloat16 (nn::use_bf16_products): on the CPU only, where it
-  /// has them; refused on CUDA, where inference stays float32.
+  /// The model's products in bfloat16 (nn::use_bf16_products): on CUDA, or on a CPU that
+  /// has them.
   bool bf16 = false;
 };
 

@@ -24,8 +24,10 @@ namespace {
 float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-/// x as bfloat16 (round_to_bf16), contiguous, in a kBFloat16 tensor.
+/// x as bfloat16 (round_to_bf16; on CUDA LibTorch's conversion, which rounds to nearest
+/// even too), contiguous, in a kBFloat16 tensor.
 torch::Tensor rounded(const torch::Tensor& x) {
+  if (x.is_cuda()) return x.to(torch::kBFloat16).contiguous();
   const auto c = x.contiguous();
   auto out = torch::empty(c.sizes(), c.options().dtype(torch::kBFloat16).requires_grad(false));
   round_to_bf16(c.data_ptr<float>(), bits(out), c.numel());
@@ -142,6 +144,14 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const KernelPolicy& policy) {
+  if (policy.bf16_products && x.defined() && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+      weight.scalar_type() == torch::kFloat32) {
+    // On CUDA (generation and serving): the product on the tensor cores, x and W rounded to
+    // bfloat16 (W once per change), float32 sums rounded to bfloat16 as autocast's are,
+    // then float32 again, the bias added in float32.
+    auto y = torch::matmul(rounded(x), rounded_weights().of(weight).t()).to(torch::kFloat32);
+    return bias.defined() ? y.add_(bias) : y;
+  }
   const bool fits = x.defined() && x.dim() >= 1 && x.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
                     weight.dim() == 2 && weight.device().is_cpu() && weight.scalar_type() == torch::kFloat32 &&
                     x.size(-1) == weight.size(1) && x.numel() > 0 &&

@@ -299,8 +299,10 @@ torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::T
 }
 
 void use_bf16_products(LanguageModelImpl& model) {
-  TORCH_CHECK(bf16_products_missing().empty(), "bf16 on the CPU needs bfloat16 products, and ", bf16_products_missing(),
-              ": turn bf16 off (float32)");
+  const auto parameters = model.parameters();
+  const bool cuda = !parameters.empty() && parameters.front().is_cuda();  // CUDA has bfloat16 products
+  TORCH_CHECK(cuda || bf16_products_missing().empty(), "bf16 on the CPU needs bfloat16 products, and ",
+              bf16_products_missing(), ": turn bf16 off (float32)");
   auto policy = model.kernel_policy();
   TORCH_CHECK(policy, "bf16 on the CPU runs the products of tinylm's own kernels, and this model (",
               model.architecture().kind, ") uses none: turn bf16 off");

@@ -1,6 +1,7 @@
-// The CUDA suite: device moves, CPU/CUDA agreement, training, generation and SDPA on the
-// GPU (tests/cuda/main.cpp skips it where CUDA is not available).
+// The CUDA suite: device moves, CPU/CUDA agreement, training, generation, bfloat16 products
+// and SDPA on the GPU (tests/cuda/main.cpp skips it where CUDA is not available).
 #include "../test_util.h"
+#include "nn/linear.h"
 
 #include <tinylm/tinylm.h>
 
@@ -8,6 +9,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 
 using namespace tinylm;
 using namespace tinylm::nn;
@@ -64,6 +66,45 @@ TEST_CASE("greedy generation gives the same tokens on CUDA and CPU", "[cuda][gen
   auto gpu = generate(*model, prompt, o);
   CHECK(gpu.is_cuda());
   CHECK(torch::equal(gpu.cpu(), cpu));
+}
+
+TEST_CASE("bfloat16 products on CUDA (sample/serve --bf16): rounded operands, float32 elsewhere", "[cuda][bf16]") {
+  torch::manual_seed(0);
+  torch::NoGradGuard no_grad;
+  // One product: the operands rounded to bfloat16, float32 sums, the result rounded to
+  // bfloat16 (half an ulp, 2^-9 of it; 2^-8 leaves room for the order of the sums), the
+  // bias added in float32. And it is not float32's product.
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  auto x = torch::randn({3, 5, 96}, torch::kCUDA), w = torch::randn({40, 96}, torch::kCUDA);
+  auto b = torch::randn({40}, torch::kCUDA);
+  auto y = nn::linear(x, w, b, policy);
+  CHECK(y.scalar_type() == torch::kFloat32);
+  auto exact = torch::matmul(x.to(torch::kBFloat16).to(torch::kFloat64),
+                             w.to(torch::kBFloat16).to(torch::kFloat64).t());
+  auto err = ((y.to(torch::kFloat64) - b.to(torch::kFloat64)) - exact).abs();
+  CHECK((err <= exact.abs() * std::ldexp(1.0, -8) + 1e-5).all().item<bool>());
+  CHECK(max_abs_diff(y.cpu(), nn::linear(x, w, b, KernelPolicy()).cpu()) > 1e-3);
+
+  // A transformer: logits within bfloat16's reach of float32's, generation on the GPU.
+  TransformerLM model(TransformerLMOptions(64, 16, 64, 4, 2));
+  model->to(torch::kCUDA);
+  model->eval();
+  auto ids = torch::randint(64, {2, 16}, torch::kLong).to(torch::kCUDA);
+  auto f32 = model->forward(ids).logits;
+  use_bf16_products(*model);
+  CHECK(model->kernel_policy()->bf16_products);
+  auto low = model->forward(ids).logits;
+  CHECK(low.scalar_type() == torch::kFloat32);
+  const double scale = f32.abs().max().item<double>();
+  CHECK(max_abs_diff(low.cpu(), f32.cpu()) < 3e-2 * std::max(scale, 1.0));
+  CHECK(max_abs_diff(low.cpu(), f32.cpu()) > 0);
+  GenerateOptions o;
+  o.max_new_tokens = 10;
+  o.greedy = true;
+  auto tokens = generate(*model, ids.narrow(1, 0, 3), o);
+  CHECK(tokens.is_cuda());
+  CHECK(tokens.size(1) == 13);
 }
 
 #if TORCH_VERSION_MAJOR >= 2

@@ -139,10 +139,12 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 /// take their defaults (those without one are an error); an unknown kind is an error.
 LanguageModel build_model(const ModelArchitecture& architecture);
 
-/// Sets the model's KernelPolicy::bf16_products (its products in bfloat16 on the CPU from
-/// now on). Throws, saying why, where the CPU or the build has no bfloat16 products
+/// Sets the model's KernelPolicy::bf16_products (its Linear layers' products in bfloat16
+/// from now on: on the CPU through tinylm's gemm_bf16, float32 sums; on CUDA for inference,
+/// cuBLAS with the result rounded to bfloat16 as autocast's is). Throws, saying why, where
+/// the model is on the CPU and the CPU or the build has no bfloat16 products
 /// (bf16_products_missing()), or where the model uses none of tinylm's kernels (a kind
-/// whose kernel_policy() is nullopt).
+/// whose kernel_policy() is nullopt). Call it after moving the model to its device.
 void use_bf16_products(LanguageModelImpl& model);
 
 /// The number of parameter elements build_model() would make (a tied tensor once),
