@@ -55,11 +55,13 @@ def main():
                     sys.exit(1)
         name = os.path.basename(checkpoint)
         for bf16 in (False, True):
-            print(json.dumps({"case": "generate_bf16" if bf16 else "generate_float32", "checkpoint": name, "device": args.device,
+            print(json.dumps({"case": "generate_bf16" if bf16 else "generate_float32", "checkpoint": name,
+                              "path": checkpoint, "device": args.device,
                               "metric": "tokens_per_s", "value": round(statistics.median(rates[bf16]), 1),
                               "unit": "tokens/s", "all": [round(r, 1) for r in rates[bf16]]}), flush=True)
         same = texts[False] == texts[True]
-        record = {"case": "generate_bf16", "checkpoint": name, "device": args.device, "metric": "over_float32",
+        record = {"case": "generate_bf16", "checkpoint": name, "path": checkpoint, "device": args.device,
+                  "metric": "over_float32",
                   "value": round(statistics.median(b / f for f, b in zip(rates[False], rates[True])), 3), "unit": "x",
                   "tokens": args.max_new_tokens, "prompt": args.prompt, "same_greedy_text": same}
         if not same:

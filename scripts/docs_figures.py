@@ -376,16 +376,19 @@ def gpu_check_block(file):
                 what = (f"tinylm {number(r['tinylm_tokens_per_s'])} tokens/s, PyTorch eager "
                         f"{number(r['pytorch_eager_tokens_per_s'])}: **{r['tinylm_over_pytorch']:.2f}×**")
             elif c == "bf16_generate":
-                parts = []
+                # Per checkpoint, in the order check-gpu.sh gives them (the reference's, then
+                # P2's): its two tokens/s lines, then its ratio line.
+                parts, rate = [], {}
                 for x in r["records"]:
-                    if x["metric"] != "over_float32":
+                    if x["metric"] == "tokens_per_s":
+                        rate[x["case"]] = x["value"]
                         continue
-                    rate = {y["case"]: y["value"] for y in r["records"]
-                            if y["checkpoint"] == x["checkpoint"] and y["metric"] == "tokens_per_s"}
-                    parts.append(f"`{x['checkpoint']}`: {number(rate['generate_float32'])} → "
+                    which = ["the reference", "P2"][len(parts)] if len(parts) < 2 else x["checkpoint"]
+                    parts.append(f"{which}: {number(rate['generate_float32'])} → "
                                  f"{number(rate['generate_bf16'])} tokens/s (**{x['value']:.2f}×**), greedy text "
                                  + ("as float32's" if x["same_greedy_text"] else
-                                    f"differs from byte {x['first_difference_byte']}"))
+                                    f"float32's up to byte {x['first_difference_byte']} "
+                                    f"({x['float32_from_there'][:8]!r} against {x['bf16_from_there'][:8]!r})"))
                 what = "; ".join(parts)
             else:
                 what = "passed"
