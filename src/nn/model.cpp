@@ -304,7 +304,7 @@ void use_bf16_products(LanguageModelImpl& model) {
   TORCH_CHECK(cuda || bf16_products_missing().empty(), "bf16 on the CPU needs bfloat16 products, and ",
               bf16_products_missing(), ": turn bf16 off (float32)");
   auto policy = model.kernel_policy();
-  TORCH_CHECK(policy, "bf16 on the CPU runs the products of tinylm's own kernels, and this model (",
+  TORCH_CHECK(policy, "bf16 runs the products of tinylm's own Linear layers, and this model (",
               model.architecture().kind, ") uses none: turn bf16 off");
   policy->bf16_products = true;
   model.set_kernel_policy(*policy);
