@@ -12,6 +12,7 @@
 #include <sstream>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace tinylm::train {
 
@@ -210,7 +211,10 @@ class FlatAdam final : public Optimizer {
     grads_ = torch::zeros({n}, options.requires_grad(false));
     exp_avg_ = torch::zeros({n}, options.requires_grad(false));
     exp_avg_sq_ = torch::zeros({n}, options.requires_grad(false));
-    decay_ = torch::zeros({n}, options.requires_grad(false));
+    // Where AdamW decays: spans of the flat arrays (the CPU's loops run each span with its
+    // own decay, reading no mask); elsewhere a 0/1 mask for the ops of the generic update.
+    const bool loops = options.device().is_cpu() && options.dtype() == torch::kFloat32;
+    if (!loops) decay_ = torch::zeros({n}, options.requires_grad(false));
     torch::NoGradGuard no_grad;
     const auto decayed = decayed_parameters(model, c.decayed);
     int64_t offset = 0;
@@ -221,7 +225,13 @@ class FlatAdam final : public Optimizer {
       slot.copy_(param.reshape({-1}));
       param.set_data(slot.view(param.sizes()));            // the module's tensor now lives here
       param.mutable_grad() = grads_.narrow(0, offset, k).view(param.sizes());
-      if (c.decoupled && decayed.count(p.key())) decay_.narrow(0, offset, k).fill_(1.0);
+      if (c.decoupled && decayed.count(p.key()) && k > 0) {
+        if (!loops) decay_.narrow(0, offset, k).fill_(1.0);
+        if (!decay_spans_.empty() && decay_spans_.back().second == offset)
+          decay_spans_.back().second += k;  // one span for neighbours
+        else
+          decay_spans_.emplace_back(offset, offset + k);
+      }
       layout_ += p.key() + ":" + std::to_string(k) + "\n";
       names_.push_back(p.key());
       watched_.push_back(param);
@@ -254,24 +264,35 @@ class FlatAdam final : public Optimizer {
     const double decay = c_.decoupled ? lr * c_.weight_decay : 0.0;
     torch::NoGradGuard no_grad;
     if (params_.device().is_cpu() && params_.scalar_type() == torch::kFloat32) {
-      // Layouts: p, g, m, v, d are flat float32 arrays of N values, one per parameter
-      // element, the model's parameters end to end in named_parameters() order; d is 1
-      // where AdamW decays (decayed_parameters()), 0 elsewhere.
+      // Layouts: p, g, m, v are flat float32 arrays of N values, one per parameter
+      // element, the model's parameters end to end in named_parameters() order; AdamW
+      // decays the spans decay_spans_ (decayed_parameters()), in order.
       float* p = params_.data_ptr<float>();
       const float* g = grads_.data_ptr<float>();
       float* m = exp_avg_.data_ptr<float>();
       float* v = exp_avg_sq_.data_ptr<float>();
-      const float* d = decay_.data_ptr<float>();
       // The (1 - beta) factors are formed in double and rounded once, as LibTorch's Adam
       // does: 1.f - float(0.999) would be off by 1.3e-5 relative (7e-6 per update).
       // AdamW's decoupled decay goes to the decayed tensors only (d). On tinylm's loops:
       // the widest vectors the CPU runs (this file is built for the baseline).
       auto f = [](double x) { return static_cast<float>(x); };
-      const nn::cpu::AdamStep s{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
-                                f(c_.eps), f(step_size), f(inv_sqrt_bc2), f(decay)};
+      const nn::cpu::AdamStep decayed{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
+                                      f(c_.eps), f(step_size), f(inv_sqrt_bc2), f(decay)};
+      nn::cpu::AdamStep plain = decayed;
+      plain.decay = 0.f;
       const auto& k = nn::cpu::table();
+      const auto& spans = decay_spans_;
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
-        k.adam_step(p + begin, g + begin, m + begin, v + begin, d + begin, end - begin, s);
+        // The first decayed span that ends past `begin`, then this chunk's pieces in turn.
+        auto span = std::upper_bound(spans.begin(), spans.end(), begin,
+                                     [](int64_t i, const std::pair<int64_t, int64_t>& s) { return i < s.second; });
+        for (int64_t i = begin; i < end;) {
+          const bool in_span = span != spans.end() && span->first <= i;
+          const int64_t stop = std::min(end, in_span ? span->second : span != spans.end() ? span->first : end);
+          k.adam_step(p + i, g + i, m + i, v + i, stop - i, in_span ? decayed : plain);
+          if (in_span && stop == span->second) ++span;
+          i = stop;
+        }
       });
     } else {
       // Other devices and dtypes: the same update as a handful of ops on the flat buffers.
@@ -343,7 +364,9 @@ class FlatAdam final : public Optimizer {
   std::vector<torch::Tensor> watched_;              // the model's own parameter variables
   std::vector<const void*> data_, grad_data_;       // where they must keep pointing
   AdamConfig c_;
-  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_, decay_;  // flat (N)
+  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;  // flat (N)
+  torch::Tensor decay_;  // flat (N), 1 where AdamW decays: off the CPU's loops only
+  std::vector<std::pair<int64_t, int64_t>> decay_spans_;  // [begin, end) where AdamW decays, in order
   std::string layout_;           // "name:numel" lines: what format-1 files recorded
   std::vector<int64_t> numels_;  // each parameter's size, in order
   int64_t step_ = 0;

@@ -113,6 +113,53 @@ TEST_CASE("flat Adam's update matches LibTorch's to float rounding, also at beta
   CHECK(p_rel < 1e-6);
 }
 
+TEST_CASE("flat AdamW decays its spans only and across the loops' chunks", "[train][optim][fused]") {
+  // Decayed weights of 20,000 and 30,000 values around undecayed biases and a norm: the
+  // flat arrays' chunks (16,384 values and up) start and end inside spans of either kind.
+  // Parameters start away from 0, so a decay applied where it should not be (or missed)
+  // moves them by lr * weight_decay = 5e-3 relative, far beyond float rounding.
+  const auto isa = GENERATE(from_range(tinylm::test::runnable_isas()));
+  tinylm::test::KernelGuard guard(isa);
+  INFO("loops " << tinylm::nn::to_string(isa));
+  struct Holder : torch::nn::Module {
+    Holder() {
+      register_module("first", torch::nn::Linear(200, 100));
+      register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({100})));
+      register_module("second", torch::nn::Linear(100, 300));
+    }
+  };
+  Holder a, b;
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(11);
+    auto pa = a.named_parameters(), pb = b.named_parameters();
+    for (auto& p : pa) {
+      p.value().copy_(torch::randn(p.value().sizes()) + 1.0);
+      pb[p.key()].copy_(p.value());
+    }
+  }
+  train::AdamConfig c;
+  c.lr = 1e-2;
+  c.decoupled = true;
+  c.weight_decay = 0.5;
+  auto ref = train::make_torch_adam(a, c);
+  auto flat = train::make_flat_adam(b, c);
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : a.named_parameters()) {
+      auto g = torch::randn(p.value().sizes());
+      p.value().mutable_grad() = g.clone();
+      b.named_parameters()[p.key()].grad().copy_(g);
+    }
+    ref->step(c.lr);
+    flat->step(c.lr);
+  }
+  auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters()) {
+    INFO(p.key());
+    CHECK(max_abs_diff(pb[p.key()].detach(), p.value().detach()) < 1e-5);
+  }
+}
+
 TEST_CASE("flat fused Adam and AdamW follow LibTorch's within float rounding", "[train][optim][fused]") {
   const bool adamw = GENERATE(false, true);
   const double d = optimizer_divergence(adamw, 20);

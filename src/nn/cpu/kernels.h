@@ -35,7 +35,7 @@ struct AdamStep {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
-  float decay;         // lr * weight_decay (AdamW), 0 for Adam
+  float decay;         // lr * weight_decay (AdamW), 0 for Adam and where AdamW does not decay
 };
 
 /// One instruction set's kernels.
@@ -92,10 +92,10 @@ struct KernelTable {
   /// the other way (sin negated): the backward.
   void (*rotate_halves)(const float* x, int64_t group_stride, const float* cos, const float* sin, float* y,
                         int64_t groups, int64_t heads, int64_t half, bool inverse);
-  /// Adam(W) over n parameters held as flat arrays: p *= 1 - decay d[i] (d: 1 where
-  /// AdamW decays, 0 elsewhere); m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
-  /// p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
-  void (*adam_step)(float* p, const float* g, float* m, float* v, const float* d, int64_t n, const AdamStep& s);
+  /// Adam(W) over n parameters held as flat arrays: p *= 1 - decay (s.decay: 0 where AdamW
+  /// does not decay, so a caller splits the arrays at the decayed spans); m = beta1 m +
+  /// (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
+  void (*adam_step)(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
   /// One new query per row over that row's cache (rows decoded together), for rows
   /// [b_begin, b_end): out[b, h] = softmax(scale K_b,g q[b, h]) V_b,g over the first
   /// lengths[b] + 1 cached positions, g = h / (H / Hkv) (grouped-query heads share theirs).
