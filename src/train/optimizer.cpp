@@ -213,7 +213,7 @@ class FlatAdam final : public Optimizer {
     exp_avg_sq_ = torch::zeros({n}, options.requires_grad(false));
     // Where AdamW decays: spans of the flat arrays (the CPU's loops run each span with its
     // own decay, reading no mask); elsewhere a 0/1 mask for the ops of the generic update.
-    const bool loops = options.device().is_cpu() && options.dtype() == torch::kFloat32;
+    const bool loops = runs_loops();
     if (!loops) decay_ = torch::zeros({n}, options.requires_grad(false));
     torch::NoGradGuard no_grad;
     const auto decayed = decayed_parameters(model, c.decayed);
@@ -263,7 +263,7 @@ class FlatAdam final : public Optimizer {
     const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
     const double decay = c_.decoupled ? lr * c_.weight_decay : 0.0;
     torch::NoGradGuard no_grad;
-    if (params_.device().is_cpu() && params_.scalar_type() == torch::kFloat32) {
+    if (runs_loops()) {
       // Layouts: p, g, m, v are flat float32 arrays of N values, one per parameter
       // element, the model's parameters end to end in named_parameters() order; AdamW
       // decays the spans decay_spans_ (decayed_parameters()), in order.
@@ -273,7 +273,7 @@ class FlatAdam final : public Optimizer {
       float* v = exp_avg_sq_.data_ptr<float>();
       // The (1 - beta) factors are formed in double and rounded once, as LibTorch's Adam
       // does: 1.f - float(0.999) would be off by 1.3e-5 relative (7e-6 per update).
-      // AdamW's decoupled decay goes to the decayed tensors only (d). On tinylm's loops:
+      // AdamW's decoupled decay goes to the decayed spans only. On tinylm's loops:
       // the widest vectors the CPU runs (this file is built for the baseline).
       auto f = [](double x) { return static_cast<float>(x); };
       const nn::cpu::AdamStep decayed{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
@@ -359,6 +359,9 @@ class FlatAdam final : public Optimizer {
                   "set gradients to None");
     }
   }
+
+  /// The update runs on tinylm's CPU loops (float32 on the CPU), else as LibTorch ops.
+  bool runs_loops() const { return params_.device().is_cpu() && params_.scalar_type() == torch::kFloat32; }
 
   std::vector<std::string> names_;
   std::vector<torch::Tensor> watched_;              // the model's own parameter variables
