@@ -531,7 +531,7 @@ RunConfig nanogpt_config() {
 }
 
 /// Milliseconds per training iteration of nanoGPT's CPU recipe.
-void bench_nanogpt(bool quick) {
+void bench_nanogpt(bool quick, double peak_gflops) {
   RunConfig c = nanogpt_config();
   if (!std::filesystem::exists(c.task_options.data())) {
     print_line({{"case", named("nanogpt")}, {"skipped", c.task_options.data() + " is missing (Debian's base-files has it)"}});
@@ -544,6 +544,7 @@ void bench_nanogpt(bool quick) {
   print_line({{"case", named("nanogpt")}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});
+  emit_mfu(named("nanogpt"), c, s.median, peak_gflops);
   std::filesystem::remove_all(c.trainer.out_dir());
   bench_ops("nanogpt", nanogpt_config(), quick);
 }
@@ -1199,7 +1200,8 @@ int run_bench(const BenchArgs& a) {
   TORCH_CHECK(!g_bf16 || !nn::bf16_products_emulated(), "--bf16 measures bfloat16 kernels, and TINYLM_BF16_EMULATION=1 "
               "emulates them in float32 (for tests): unset it");
   // The training cases' utilisation needs the peak: measure it whenever one of them runs.
-  const double peak = (wants("peak") || wants("p2") || wants("gpt2")) ? matmul_peak(a.quick) : 0.0;
+  const double peak =
+      (wants("peak") || wants("p2") || wants("nanogpt") || wants("gpt2")) ? matmul_peak(a.quick) : 0.0;
   if (wants("p1")) bench_p1(a.quick);
   if (wants("gemm")) {
     bench_gemm(a.quick);
@@ -1210,7 +1212,7 @@ int run_bench(const BenchArgs& a) {
     bench_p2(a.quick, peak, a.memory_steps);
     bench_ops("p2", p2_config(a.quick), a.quick);
   }
-  if (wants("nanogpt")) bench_nanogpt(a.quick);
+  if (wants("nanogpt")) bench_nanogpt(a.quick, peak);
   if (wants("gpt2")) bench_gpt2(a.quick, peak);
   if (wants("p3")) bench_p3(a.quick);
   if (wants("decode")) bench_decode(a.quick);

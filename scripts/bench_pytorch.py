@@ -315,16 +315,18 @@ def emit(case, metric, value, unit, **extra):
 
 
 def tinylm_figures(tinylm, cases, threads, quick, bf16=False):
-    """{case: rate} from one `tinylm bench` run at `threads` (higher is better: nanoGPT's
-    ms per iteration is turned into iterations/s), with its JSON lines printed; bf16: the
-    run with --bf16 (its cases are named <case>_bf16)."""
+    """One `tinylm bench` run at `threads`, its JSON lines printed; bf16: the run with --bf16
+    (its cases are named <case>_bf16). Returns ({case: rate} (higher is better: nanoGPT's
+    ms per iteration is turned into iterations/s), {case: the model's FLOPs per unit of the
+    rate (per token, per iteration), from the bench's model_gflops}, the bfloat16 matmul
+    peak in GFLOP/s or None)."""
     cmd = ([tinylm, "bench", "--cases", ",".join(cases), "--threads", str(threads)] + (["--quick"] if quick else [])
            + (["--bf16"] if bf16 else []))
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
         sys.exit(1)
-    rates = {}
+    rates, gflops, peak = {}, {}, None
     for line in out.stdout.splitlines():
         rec = json.loads(line)
         print(json.dumps(rec), flush=True)
@@ -336,7 +338,12 @@ def tinylm_figures(tinylm, cases, threads, quick, bf16=False):
             rates[case] = rec["value"]
         elif key == ("nanogpt", "ms_per_iter"):
             rates["nanogpt"] = 1000.0 / rec["value"]
-    return rates
+        elif key[1] == "model_gflops" and case in UNITS:
+            gflops[case] = rec["value"]
+        elif key == ("peak_bf16_onednn", "matmul_gflops"):
+            peak = rec["value"]
+    work = {case: 1e9 * gflops[case] / rates[case] for case in rates if case in gflops}
+    return rates, work, peak
 
 
 def curve(tinylm, steps, workdir, bf16=False):
@@ -450,16 +457,18 @@ def main():
                 theirs[case, bf16], lo, hi = measure_pytorch(case, args.quick, bf16)
                 emit(pytorch_name(case, bf16), "rate", theirs[case, bf16], UNITS[case], min=lo, max=hi,
                      threads=threads_best[case, bf16][0], blas_threads=threads_best[case, bf16][1], round=r)
-        ours, ours_threads = {}, {}
+        ours, ours_threads, work, peaks = {}, {}, {}, {}
         for bf16 in modes:
             for threads in tinylm_threads:
-                for case, rate in tinylm_figures(args.tinylm, cases, threads, args.quick, bf16).items():
+                rates, flops, peaks[threads] = tinylm_figures(args.tinylm, cases, threads, args.quick, bf16)
+                for case, rate in rates.items():
+                    work[case] = flops.get(case, work.get(case))  # the same model in both precisions
                     if rate > ours.get((case, bf16), 0):
                         ours[case, bf16], ours_threads[case, bf16] = rate, threads
 
-        def ratio(name, metric, value, **extra):
-            ratios.setdefault((name, metric), []).append(value)
-            emit(name, metric, value, "x", round=r, **extra)
+        def ratio(name, metric, value, unit="x", **extra):
+            ratios.setdefault((name, metric, unit), []).append(value)
+            emit(name, metric, value, unit, round=r, **extra)
 
         for case in cases:
             ratio(f"{case}_ratio", "tinylm_over_pytorch", ours[case, False] / theirs[case, False],
@@ -474,8 +483,21 @@ def main():
                 ratio(f"{case}_bf16_over_float32", "tinylm_bf16_over_tinylm_float32",
                       ours[case, True] / ours[case, False], tinylm_bf16=ours[case, True],
                       tinylm_float32=ours[case, False], unit_of_rates=UNITS[case])
-    for (name, metric), values in ratios.items():
-        emit(name, "median_" + metric, statistics.median(values), "x", rounds=len(values),
+                # The ceiling: PyTorch at its best as a fraction of the bfloat16 matmul peak
+                # (the model's FLOPs at its rate, the peak tinylm's bench measured at tinylm's
+                # thread count), and so the most any program could lead it by, were the
+                # products at the peak and everything else free.
+                peak = peaks.get(ours_threads[case, True])
+                if work.get(case) and peak:
+                    used = theirs[case, best] * work[case] / 1e9 / peak
+                    ratio(f"{case}_bf16_ceiling", "pytorch_best_mfu", used, "fraction of the bfloat16 matmul peak",
+                          pytorch=theirs[case, best], pytorch_mode="autocast bfloat16" if best else "float32",
+                          model_gflop_per_unit=work[case] / 1e9, bf16_peak_gflops=peak,
+                          peak_threads=ours_threads[case, True], unit_of_rates=UNITS[case])
+                    ratio(f"{case}_bf16_ceiling", "most_possible_lead", 1.0 / used,
+                          of="the bfloat16 matmul peak over PyTorch-at-its-best's model FLOP/s")
+    for (name, metric, unit), values in ratios.items():
+        emit(name, "median_" + metric, statistics.median(values), unit, rounds=len(values),
              all=[round(x, 3) for x in values])
     if args.curve > 0:
         early, windows_diff = curve(args.tinylm, args.curve, None, args.bf16)

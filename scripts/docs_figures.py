@@ -267,7 +267,7 @@ def bf16_block(file):
         def median_of(values):
             values = sorted(values)
             return values[len(values) // 2]
-        rows = []
+        rows, ceilings = [], []
         for case in ["p1", "p2", "nanogpt", "gpt2"]:
             over32 = rounds(f"{case}_bf16_over_float32", "tinylm_bf16_over_tinylm_float32")
             overpt = rounds(f"{case}_bf16_ratio", "tinylm_bf16_over_pytorch_best")
@@ -278,6 +278,11 @@ def bf16_block(file):
             modes = sorted({r["pytorch_mode"] for r in overpt})
             mfu = [r["value"] for r in records if r["case"] == f"{case}_bf16" and r["metric"] == "mfu"
                    and r.get("threads") == overpt[0]["tinylm_threads"]]
+            # The ceiling (bench_pytorch.py since 2026-12-05): PyTorch's share of the bfloat16
+            # peak, and the most any program could lead it by.
+            used = rounds(f"{case}_bf16_ceiling", "median_pytorch_best_mfu")
+            lead = rounds(f"{case}_bf16_ceiling", "median_most_possible_lead")
+            ceilings.append([f"{used[0]['value']:.0%}" if used else "", f"{lead[0]['value']:.2f}×" if lead else ""])
             rows.append([CASE_NAMES.get(case, case),
                          number(median_of(r["tinylm_float32"] for r in over32)),
                          number(median_of(r["tinylm_bf16"] for r in over32)),
@@ -288,10 +293,13 @@ def bf16_block(file):
         if not rows:
             raise Missing(f"docs/figures/{file}.jsonl has no bfloat16 ratio records")
         peak = [r["value"] for r in records if r["case"] == "peak_bf16_onednn" and r["metric"] == "over_float32_peak"]
+        header = ["case", "tinylm float32", "tinylm bfloat16", "bfloat16 / float32 (rounds)",
+                  "PyTorch eager at its best", "tinylm bfloat16 / PyTorch (rounds)", "MFU (bfloat16 peak)"]
+        if any(c != ["", ""] for c in ceilings):  # the ceiling's columns where the file has them
+            header += ["PyTorch's MFU (bfloat16 peak)", "the most any program could lead PyTorch by"]
+            rows = [row + c for row, c in zip(rows, ceilings)]
         text = (provenance(meta, meta["command"]) + "; tinylm at 2 threads, PyTorch at its best thread setting and "
-                "precision, rates the medians of the rounds:\n\n" +
-                table(["case", "tinylm float32", "tinylm bfloat16", "bfloat16 / float32 (rounds)",
-                       "PyTorch eager at its best", "tinylm bfloat16 / PyTorch (rounds)", "MFU (bfloat16 peak)"], rows))
+                "precision, rates the medians of the rounds:\n\n" + table(header, rows))
         if peak:
             text += (f"\nThe bfloat16 matmul peak (oneDNN, 1024³) was **{median_of(peak):.2f}×** the best float32 "
                      f"peak in the same runs (median of {len(peak)}).\n")
@@ -500,6 +508,7 @@ BLOCKS = {
     "bench-decode": bench_block("bench-decode", ["decode"]),
     "bench-bf16-peak": bench_block("bench-bf16-peak", ["peak"]),
     "pytorch-bf16": bf16_block("pytorch-bf16"),
+    "pytorch-bf16-zen4": bf16_block("pytorch-bf16-zen4"),
     "bf16-generate": generate_bf16_block("bf16-generate"),
     "bench-gpt2-bf16": bench_block("bench-gpt2-bf16", ["gpt2"]),
     "serve-reference": serve_block("serve-reference"),

@@ -31,7 +31,7 @@ if {r["case"] for r in skipped} - {"prepare_bpe"} - bf16_cases:
     sys.exit(1)
 seen = {(r["case"], r["metric"]) for r in lines}
 need = {("peak", "matmul_gflops"), ("peak_blas", "matmul_gflops"), ("p2_ops_matmul", "share"),
-        ("nanogpt", "ms_per_iter"), ("p1", "train_steps_per_s"), ("p1_plain", "train_steps_per_s"),
+        ("nanogpt", "ms_per_iter"), ("nanogpt", "mfu"), ("p1", "train_steps_per_s"), ("p1_plain", "train_steps_per_s"),
         ("p2", "train_tokens_per_s"), ("p2", "mfu"), ("p2", "peak_rss"),
         ("p3_kv_cache", "generate_tokens_per_s"), ("p3_recompute", "generate_tokens_per_s"),
         ("p3", "identical_tokens"), ("attention_manual", "fwd_bwd_per_s"), ("attention_fused", "fwd_bwd_per_s"),

@@ -39,10 +39,27 @@ else
     for case in p2 gpt2; do
       for ratio in "${case}_ratio\", \"metric\": \"median_tinylm_over_pytorch" \
                    "${case}_bf16_ratio\", \"metric\": \"median_tinylm_bf16_over_pytorch_best" \
-                   "${case}_bf16_over_float32\", \"metric\": \"median_tinylm_bf16_over_tinylm_float32"; do
+                   "${case}_bf16_over_float32\", \"metric\": \"median_tinylm_bf16_over_tinylm_float32" \
+                   "${case}_bf16_ceiling\", \"metric\": \"median_pytorch_best_mfu" \
+                   "${case}_bf16_ceiling\", \"metric\": \"median_most_possible_lead"; do
         grep -qF "\"$ratio\"" <<<"$out" || { echo "$out"; echo "FAIL: no $ratio printed"; exit 1; }
       done
     done
+    # The ceiling: PyTorch's model FLOP/s over the bfloat16 peak, and the lead its inverse.
+    /usr/bin/python3 - "$out" <<'PY' || exit 1
+import json, sys
+rec = {(r["case"], r["metric"]): r for r in map(json.loads, sys.argv[1].splitlines()) if "metric" in r}
+for case in ("p2", "gpt2"):
+    used = rec[case + "_bf16_ceiling", "pytorch_best_mfu"]
+    lead = rec[case + "_bf16_ceiling", "most_possible_lead"]["value"]
+    # The model's FLOPs per token and the peak as the bfloat16 bench printed them (one round,
+    # one thread count: the last of each line is that run's).
+    per_token = rec[case + "_bf16", "model_gflops"]["value"] / rec[case + "_bf16", "train_tokens_per_s"]["value"]
+    peak = rec["peak_bf16_onednn", "matmul_gflops"]["value"]
+    want = used["pytorch"] * per_token / peak
+    if not (used["value"] > 0 and abs(used["value"] - want) < 1e-3 * want and abs(lead * used["value"] - 1) < 1e-5):
+        sys.exit(f"FAIL: {case}'s ceiling: {used}, lead {lead}")
+PY
     grep -q '"largest_window_mean_difference".*"tinylm": "bfloat16 products"' <<<"$out" ||
       { echo "FAIL: the bfloat16 curve was not compared"; exit 1; }
   fi
