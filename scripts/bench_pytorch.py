@@ -28,6 +28,13 @@ together. Both sides are nanoGPT exactly: tinylm imports bias=False as a model w
 LayerNorm biases (layer_norm_bias false) and trains with --decay-params matrices (AdamW
 decays every 2-D parameter, embeddings too), as `tinylm bench --cases nanogpt` does.
 
+--bf16 adds tinylm with bfloat16 products and PyTorch under CPU autocast to bfloat16, the
+ratios against tinylm float32 and against PyTorch at its best (the faster of its float32
+and autocast), and the ceiling (<case>_bf16_ceiling): PyTorch-at-its-best's model FLOP/s
+(the model's FLOPs per token or iteration from tinylm's bench, at PyTorch's rate) as a
+fraction of the bfloat16 matmul peak tinylm's bench measured, and its inverse, the most any
+program could lead PyTorch by on this machine.
+
   scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick] [--cases p1,p2,nanogpt]
                            [--curve 300]
 Output: JSON lines, one per figure, then one per ratio.
