@@ -510,6 +510,7 @@ BLOCKS = {
     "pytorch-bf16": bf16_block("pytorch-bf16"),
     "pytorch-bf16-zen4": bf16_block("pytorch-bf16-zen4"),
     "bf16-generate": generate_bf16_block("bf16-generate"),
+    "bf16-generate-zen4": generate_bf16_block("bf16-generate-zen4"),
     "bench-gpt2-bf16": bench_block("bench-gpt2-bf16", ["gpt2"]),
     "serve-reference": serve_block("serve-reference"),
     "serve-p2": serve_block("serve-p2"),
