@@ -132,9 +132,7 @@ TEST_CASE("text outside ASCII is read in strings and comments only, before toml+
 TEST_CASE("a config file saved with a UTF-8 byte-order mark reads as without it", "[config]") {
   // Notepad and PowerShell's `Out-File -Encoding utf8` start UTF-8 files with EF BB BF.
   const std::string bom = "\xEF\xBB\xBF";
-  const auto dir = std::filesystem::temp_directory_path() / "tinylm-test-config-bom";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const auto dir = tinylm::test::scratch_dir("config_bom");
   for (const std::string eol : {"\n", "\r\n"}) {
     const auto path = (dir / (eol == "\n" ? "lf.toml" : "crlf.toml")).string();
     std::ofstream(path, std::ios::binary) << bom << "# saved by an editor" << eol << "seed = 7" << eol

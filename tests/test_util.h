@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 namespace tinylm::test {
 
 /// Runs `f`, requires that it throws a c10::Error, and returns the message (without
@@ -56,10 +58,31 @@ void check_leaves_global_state(F&& f) {
   at::set_num_threads(threads_before);
 }
 
-/// An empty scratch directory for one test: $TMPDIR/tinylm_test_<name>, emptied first.
-/// ctest runs test files in parallel: every test gives its own name.
+/// This process's scratch root, $TMPDIR/tinylm_test_<pid>. ctest runs the test executables
+/// in parallel, the same executable under several filters at once (unit.tinylm and the
+/// [bf16] runs share test_run.cpp's cases), so no two processes may share a directory: one
+/// would empty it while the other writes (CI's debian12 leg of 2026-12-05 lost a rename so).
+/// Removed when the process ends normally; an aborted run's stays for a look.
+inline const std::filesystem::path& scratch_root() {
+  struct Root {
+    std::filesystem::path path;
+    Root() : path(std::filesystem::temp_directory_path() / ("tinylm_test_" + std::to_string(::getpid()))) {
+      std::filesystem::remove_all(path);  // a dead process's of the same pid
+      std::filesystem::create_directories(path);
+    }
+    ~Root() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
+/// An empty scratch directory for one test: scratch_root()/<name>, emptied first.
+/// Within one process every test gives its own name.
 inline std::filesystem::path scratch_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("tinylm_test_" + name);
+  auto dir = scratch_root() / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

@@ -57,7 +57,7 @@ TEST_CASE("synthetic prompts are ids, bad ones are refused", "[data][tasks][erro
 
 TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes",
           "[data][tasks][text]") {
-  const auto path = std::filesystem::temp_directory_path() / "tinylm_text_task.txt";
+  const auto path = tinylm::test::scratch_dir("text_task") / "text.txt";
   std::string text;
   for (int i = 0; i < 100; ++i) text += static_cast<char>('a' + i % 26);
   std::ofstream(path) << text;
@@ -81,7 +81,7 @@ TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes
 
 TEST_CASE("text task: a UTF-8 byte-order mark at the start is not trained on, one later is",
           "[data][tasks][text]") {
-  const auto path = std::filesystem::temp_directory_path() / "tinylm_text_task_bom.txt";
+  const auto path = tinylm::test::scratch_dir("text_task_bom") / "text.txt";
   std::string text;
   for (int i = 0; i < 100; ++i) text += static_cast<char>('a' + i % 26);
   std::ofstream(path, std::ios::binary) << "\xEF\xBB\xBF" << text;

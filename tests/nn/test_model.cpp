@@ -194,7 +194,7 @@ TEST_CASE("a tie is one parameter, updated once, and survives save and load", "[
   CHECK(max_abs_diff(model->token_embedding->weight, before - 0.1 * grad) < 1e-6);
   CHECK(max_abs_diff(model->lm_head_weight(), model->token_embedding->weight) == 0.0);
 
-  const auto path = std::filesystem::temp_directory_path() / "tinylm_tie_test.pt";
+  const auto path = tinylm::test::scratch_dir("tie") / "tied.pt";
   torch::save(model, path.string());
   TransformerLM loaded(options);
   torch::load(loaded, path.string());

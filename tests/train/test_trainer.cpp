@@ -28,8 +28,7 @@ namespace {
 /// The reference run, logging nothing, in its own (emptied) directory.
 CoreRun quiet(const std::string& name) {
   CoreRun c;
-  c.trainer.out_dir((fs::temp_directory_path() / ("tinylm_trainer_test_" + name)).string());
-  fs::remove_all(c.trainer.out_dir());
+  c.trainer.out_dir(tinylm::test::scratch_dir("trainer_" + name).string());
   c.trainer.log_every(1000);
   c.trainer.eval_batches(2);
   return c;
