@@ -472,14 +472,11 @@ Json top_ops_ms(const std::map<std::string, double>& seconds_by_op, int64_t reps
 }
 
 /// Where a training step's time goes: each op family's share of the wall time of `steps`
-/// training steps after `warmup_steps` (self time of the ops, see op_profile.h), printed as
-/// `<name>_ops_<family>`; "untimed" is the rest (the step's own code between ops).
-void bench_ops(const std::string& name, const RunConfig& c, bool quick, int warmup_steps = 30) {
+/// training steps (self time of the ops, see op_profile.h), printed as `<name>_ops_<family>`;
+/// "untimed" is the rest (the step's own code between ops).
+void bench_ops(const std::string& name, const RunConfig& c, bool quick) {
   train::Trainer t = make_trainer(c);
-  // Past a fresh model's first steps, whose gradients hold subnormal floats: nanoGPT's
-  // recipe on the Zen 4 machine spent 2.6x longer in LayerNorm's backward and 17x longer
-  // in the clip's scaling over steps 3-12 than over steps 41-50 (2026-12-05).
-  for (int i = 0; i < (quick ? 2 : warmup_steps); ++i) t.train_step();
+  for (int i = 0; i < 2; ++i) t.train_step();
   const int64_t steps = quick ? 2 : 10;
   std::map<std::string, double> seconds;
   std::map<std::string, std::map<std::string, double>> by_op;
@@ -577,8 +574,7 @@ void bench_gpt2(bool quick, double peak_gflops) {
   emit(named("gpt2"), "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(named("gpt2"), c, s.median, peak_gflops);
   std::filesystem::remove_all(c.trainer.out_dir());
-  // 12 more steps (seconds each: no long warm-up; its step is mostly products): not in a smoke run.
-  if (!quick) bench_ops("gpt2", gpt2_config(quick), quick, 2);
+  if (!quick) bench_ops("gpt2", gpt2_config(quick), quick);  // 12 more steps: not in a smoke run
 }
 
 void bench_p3(bool quick) {
