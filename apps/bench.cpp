@@ -432,6 +432,47 @@ void bench_gemm(bool quick) {
 
 /// A training step's model FLOP/s and its fraction of the matmul peak: float32's, or in a
 /// --bf16 run the bfloat16 peak.
+/// With --bf16: one step's linear products alone (each layer's and the head's x Wᵀ, dy W and
+/// dyᵀ x, as nn::linear's backward runs them, on operands rounded beforehand), timed shape
+/// by shape and summed: the least a step could take on these kernels were everything else
+/// free, printed as `<case>_bf16 products_ms` with its share of the measured step. The
+/// shapes are train_flops_per_step's.
+void emit_bf16_products(const std::string& name, const RunConfig& c, double seconds_per_step, bool quick) {
+  if (!g_bf16 || !nn::bf16_products_missing().empty()) return;
+  const int64_t D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), L = c.get<int64_t>("n-layers"),
+                e = c.get<int64_t>("mlp-expansion");
+  const int64_t M = c.task_options.seq_len() * c.trainer.batch_size();
+  struct Shape {
+    int64_t N, K, count;  // W is N x K, `count` of them a step
+  };
+  const std::vector<Shape> shapes = {{3 * D, D, L}, {D, D, L}, {e * D, D, L}, {D, e * D, L}, {V, D, 1}};
+  double seconds = 0;
+  for (const auto& z : shapes) {
+    auto bf16 = [](int64_t rows, int64_t cols) {
+      std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
+      const auto x = torch::randn({rows, cols});
+      nn::round_to_bf16(x.data_ptr<float>(), out.data(), x.numel());
+      return out;
+    };
+    const auto x = bf16(M, z.K), w = bf16(z.N, z.K), dy = bf16(M, z.N);
+    std::vector<float> y(static_cast<size_t>(M * z.N)), dx(static_cast<size_t>(M * z.K)),
+        dw(static_cast<size_t>(z.N * z.K));
+    const int64_t N = z.N, K = z.K;
+    const auto s = time_per_call([&] {
+      nn::gemm_bf16(false, true, M, N, K, x.data(), K, w.data(), K, y.data(), N, false);      // y = x Wᵀ
+      nn::gemm_bf16(false, false, M, K, N, dy.data(), N, w.data(), K, dx.data(), K, false);   // dx = dy W
+      nn::gemm_bf16(true, false, N, K, M, dy.data(), N, x.data(), K, dw.data(), K, false);    // dW = dyᵀ x
+    }, quick ? 1 : 2, quick ? 2 : 5, 1);
+    seconds += static_cast<double>(z.count * c.trainer.grad_accum()) * s.median;
+  }
+  Json config = describe(c);
+  config["share_of_step"] = seconds / seconds_per_step;
+  config["of"] = "the step's linear products alone, operands already bfloat16, shape by shape at M = " +
+                 std::to_string(M) + ": the least a step could take on these kernels";
+  config["kernels"] = nn::bf16_products_description();
+  emit_value(name, "products_ms", "ms", 1e3 * seconds, config);
+}
+
 void emit_mfu(const std::string& name, const RunConfig& c, double seconds_per_step, double float32_peak) {
   const double gflops = train_flops_per_step(c) / seconds_per_step / 1e9;
   emit_value(name, "model_gflops", "GFLOP/s", gflops, describe(c));
@@ -449,6 +490,7 @@ void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   const std::string name = named("p2");
   emit(name, "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(name, c, s.median, peak_gflops);
+  emit_bf16_products(name, c, s.median, quick);
   emit_value(name, "peak_rss", "MiB", peak_rss_mib(), describe(c));
   if (memory_steps > 0) {
     const double before = current_rss_mib();
@@ -545,6 +587,7 @@ void bench_nanogpt(bool quick, double peak_gflops) {
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});
   emit_mfu(named("nanogpt"), c, s.median, peak_gflops);
+  emit_bf16_products(named("nanogpt"), c, s.median, quick);
   std::filesystem::remove_all(c.trainer.out_dir());
   bench_ops("nanogpt", nanogpt_config(), quick);
 }
@@ -573,6 +616,7 @@ void bench_gpt2(bool quick, double peak_gflops) {
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   emit(named("gpt2"), "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(named("gpt2"), c, s.median, peak_gflops);
+  emit_bf16_products(named("gpt2"), c, s.median, quick);
   std::filesystem::remove_all(c.trainer.out_dir());
   if (!quick) bench_ops("gpt2", gpt2_config(quick), quick);  // 12 more steps: not in a smoke run
 }

@@ -33,7 +33,9 @@ ratios against tinylm float32 and against PyTorch at its best (the faster of its
 and autocast), and the ceiling (<case>_bf16_ceiling): PyTorch-at-its-best's model FLOP/s
 (the model's FLOPs per token or iteration from tinylm's bench, at PyTorch's rate) as a
 fraction of the bfloat16 matmul peak tinylm's bench measured, and its inverse, the most any
-program could lead PyTorch by on this machine.
+program could lead PyTorch by on this machine; and the most tinylm could lead by on its own
+bfloat16 product kernels (most_lead_on_tinylm_products: PyTorch's time over that of the
+step's linear products alone, the bench's products_ms), were everything else free.
 
   scripts/bench_pytorch.py [--tinylm build/release/tinylm] [--quick] [--cases p1,p2,nanogpt]
                            [--curve 300]
@@ -326,14 +328,15 @@ def tinylm_figures(tinylm, cases, threads, quick, bf16=False):
     (its cases are named <case>_bf16). Returns ({case: rate} (higher is better: nanoGPT's
     ms per iteration is turned into iterations/s), {case: the model's FLOPs per unit of the
     rate (per token, per iteration), from the bench's model_gflops}, the bfloat16 matmul
-    peak in GFLOP/s or None)."""
+    peak in GFLOP/s or None, {case: seconds per unit of the rate the step's linear products
+    alone take (bf16: the bench's products_ms)})."""
     cmd = ([tinylm, "bench", "--cases", ",".join(cases), "--threads", str(threads)] + (["--quick"] if quick else [])
            + (["--bf16"] if bf16 else []))
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         print(f"error: {' '.join(cmd)} failed: {out.stderr.strip()}", file=sys.stderr)
         sys.exit(1)
-    rates, gflops, peak = {}, {}, None
+    rates, gflops, peak, products = {}, {}, None, {}
     for line in out.stdout.splitlines():
         rec = json.loads(line)
         print(json.dumps(rec), flush=True)
@@ -349,8 +352,11 @@ def tinylm_figures(tinylm, cases, threads, quick, bf16=False):
             gflops[case] = rec["value"]
         elif key == ("peak_bf16_onednn", "matmul_gflops"):
             peak = rec["value"]
+        elif key[1] == "products_ms" and case in UNITS:
+            per_step = 1 if UNITS[case] == "iterations/s" else rec["config"]["batch"] * rec["config"]["seq"]
+            products[case] = rec["value"] / 1e3 / per_step
     work = {case: 1e9 * gflops[case] / rates[case] for case in rates if case in gflops}
-    return rates, work, peak
+    return rates, work, peak, products
 
 
 def curve(tinylm, steps, workdir, bf16=False):
@@ -464,10 +470,12 @@ def main():
                 theirs[case, bf16], lo, hi = measure_pytorch(case, args.quick, bf16)
                 emit(pytorch_name(case, bf16), "rate", theirs[case, bf16], UNITS[case], min=lo, max=hi,
                      threads=threads_best[case, bf16][0], blas_threads=threads_best[case, bf16][1], round=r)
-        ours, ours_threads, work, peaks = {}, {}, {}, {}
+        ours, ours_threads, work, peaks, products = {}, {}, {}, {}, {}
         for bf16 in modes:
             for threads in tinylm_threads:
-                rates, flops, peaks[threads] = tinylm_figures(args.tinylm, cases, threads, args.quick, bf16)
+                rates, flops, peaks[threads], alone = tinylm_figures(args.tinylm, cases, threads, args.quick, bf16)
+                if bf16:
+                    products[threads] = alone  # printed by the bfloat16 run only
                 for case, rate in rates.items():
                     work[case] = flops.get(case, work.get(case))  # the same model in both precisions
                     if rate > ours.get((case, bf16), 0):
@@ -503,6 +511,14 @@ def main():
                           peak_threads=ours_threads[case, True], unit_of_rates=UNITS[case])
                     ratio(f"{case}_bf16_ceiling", "most_possible_lead", 1.0 / used,
                           of="the bfloat16 matmul peak over PyTorch-at-its-best's model FLOP/s")
+                # And the most tinylm could lead by on its own product kernels: PyTorch's
+                # step time over the time the step's linear products alone take in tinylm.
+                alone = products.get(ours_threads[case, True], {}).get(case)
+                if alone:
+                    ratio(f"{case}_bf16_ceiling", "most_lead_on_tinylm_products", 1.0 / (theirs[case, best] * alone),
+                          pytorch=theirs[case, best], products_seconds_per_unit=alone,
+                          threads=ours_threads[case, True], unit_of_rates=UNITS[case],
+                          of="PyTorch-at-its-best's time per unit over that of tinylm's linear products alone")
     for (name, metric, unit), values in ratios.items():
         emit(name, "median_" + metric, statistics.median(values), unit, rounds=len(values),
              all=[round(x, 3) for x in values])

@@ -41,7 +41,8 @@ else
                    "${case}_bf16_ratio\", \"metric\": \"median_tinylm_bf16_over_pytorch_best" \
                    "${case}_bf16_over_float32\", \"metric\": \"median_tinylm_bf16_over_tinylm_float32" \
                    "${case}_bf16_ceiling\", \"metric\": \"median_pytorch_best_mfu" \
-                   "${case}_bf16_ceiling\", \"metric\": \"median_most_possible_lead"; do
+                   "${case}_bf16_ceiling\", \"metric\": \"median_most_possible_lead" \
+                   "${case}_bf16_ceiling\", \"metric\": \"median_most_lead_on_tinylm_products"; do
         grep -qF "\"$ratio\"" <<<"$out" || { echo "$out"; echo "FAIL: no $ratio printed"; exit 1; }
       done
     done
@@ -59,6 +60,14 @@ for case in ("p2", "gpt2"):
     want = used["pytorch"] * per_token / peak
     if not (used["value"] > 0 and abs(used["value"] - want) < 1e-3 * want and abs(lead * used["value"] - 1) < 1e-5):
         sys.exit(f"FAIL: {case}'s ceiling: {used}, lead {lead}")
+    # The lead on tinylm's own products: PyTorch's time per token over the products' time
+    # per token, from the bench's products_ms (per step of batch x seq tokens).
+    alone = rec[case + "_bf16", "products_ms"]
+    per_token = alone["value"] / 1e3 / (alone["config"]["batch"] * alone["config"]["seq"])
+    bound = rec[case + "_bf16_ceiling", "most_lead_on_tinylm_products"]
+    want = 1 / (bound["pytorch"] * per_token)
+    if not (alone["value"] > 0 and abs(bound["value"] - want) < 1e-3 * want):
+        sys.exit(f"FAIL: {case}'s lead on tinylm's products: {bound}, products {alone}")
 PY
     grep -q '"largest_window_mean_difference".*"tinylm": "bfloat16 products"' <<<"$out" ||
       { echo "FAIL: the bfloat16 curve was not compared"; exit 1; }
