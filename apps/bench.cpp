@@ -160,11 +160,23 @@ Json describe(const RunConfig& c) {
           {"bf16", c.trainer.bf16()}};
 }
 
+/// The weights of one step's linear products: N x K, `count` of them (each layer's qkv,
+/// output, MLP up and down; the LM head).
+struct LinearShape {
+  int64_t N, K, count;
+};
+std::vector<LinearShape> linear_shapes(const RunConfig& c) {
+  const int64_t D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), L = c.get<int64_t>("n-layers"),
+                e = c.get<int64_t>("mlp-expansion");
+  return {{3 * D, D, L}, {D, D, L}, {e * D, D, L}, {D, e * D, L}, {V, D, 1}};
+}
+
 /// Model FLOPs of one training step (forward + backward = 3 x forward): the matmuls of
 /// every layer and the LM head, and attention's two T x T products (full, not causal).
 double train_flops_per_step(const RunConfig& c) {
-  const double D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), T = c.task_options.seq_len(), L = c.get<int64_t>("n-layers"), e = c.get<int64_t>("mlp-expansion");
-  const double per_token = 2.0 * (L * (4.0 + 2.0 * e) * D * D + V * D) + 4.0 * L * T * D;
+  const double D = c.get<int64_t>("d-model"), T = c.task_options.seq_len(), L = c.get<int64_t>("n-layers");
+  double per_token = 4.0 * L * T * D;
+  for (const auto& z : linear_shapes(c)) per_token += 2.0 * static_cast<double>(z.count * z.N * z.K);
   return 3.0 * per_token * T * c.trainer.batch_size() * c.trainer.grad_accum();
 }
 
@@ -430,24 +442,15 @@ void bench_gemm(bool quick) {
   }
 }
 
-/// A training step's model FLOP/s and its fraction of the matmul peak: float32's, or in a
-/// --bf16 run the bfloat16 peak.
 /// With --bf16: one step's linear products alone (each layer's and the head's x Wᵀ, dy W and
 /// dyᵀ x, as nn::linear's backward runs them, on operands rounded beforehand), timed shape
 /// by shape and summed: the least a step could take on these kernels were everything else
-/// free, printed as `<case>_bf16 products_ms` with its share of the measured step. The
-/// shapes are train_flops_per_step's.
+/// free, printed as `<case>_bf16 products_ms` with its share of the measured step.
 void emit_bf16_products(const std::string& name, const RunConfig& c, double seconds_per_step, bool quick) {
   if (!g_bf16 || !nn::bf16_products_missing().empty()) return;
-  const int64_t D = c.get<int64_t>("d-model"), V = c.get<int64_t>("vocab-size"), L = c.get<int64_t>("n-layers"),
-                e = c.get<int64_t>("mlp-expansion");
   const int64_t M = c.task_options.seq_len() * c.trainer.batch_size();
-  struct Shape {
-    int64_t N, K, count;  // W is N x K, `count` of them a step
-  };
-  const std::vector<Shape> shapes = {{3 * D, D, L}, {D, D, L}, {e * D, D, L}, {D, e * D, L}, {V, D, 1}};
   double seconds = 0;
-  for (const auto& z : shapes) {
+  for (const auto& z : linear_shapes(c)) {
     auto bf16 = [](int64_t rows, int64_t cols) {
       std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
       const auto x = torch::randn({rows, cols});
@@ -473,6 +476,8 @@ void emit_bf16_products(const std::string& name, const RunConfig& c, double seco
   emit_value(name, "products_ms", "ms", 1e3 * seconds, config);
 }
 
+/// A training step's model FLOP/s and its fraction of the matmul peak: float32's, or in a
+/// --bf16 run the bfloat16 peak.
 void emit_mfu(const std::string& name, const RunConfig& c, double seconds_per_step, double float32_peak) {
   const double gflops = train_flops_per_step(c) / seconds_per_step / 1e9;
   emit_value(name, "model_gflops", "GFLOP/s", gflops, describe(c));

@@ -279,9 +279,8 @@ def bf16_block(file):
             mfu = [r["value"] for r in records if r["case"] == f"{case}_bf16" and r["metric"] == "mfu"
                    and r.get("threads") == overpt[0]["tinylm_threads"]]
             # The ceiling (bench_pytorch.py since 2026-12-05): PyTorch's share of the bfloat16
-            # peak, and the most any program could lead it by.
-            # Since 2026-12-05 (second record) also the most tinylm could lead it by on its
-            # own bfloat16 products, were everything else in its step free.
+            # peak, the most any program could lead it by, and (records since the second of
+            # that day) the most tinylm could on its own products, were the rest of its step free.
             used = rounds(f"{case}_bf16_ceiling", "median_pytorch_best_mfu")
             lead = rounds(f"{case}_bf16_ceiling", "median_most_possible_lead")
             own = rounds(f"{case}_bf16_ceiling", "median_most_lead_on_tinylm_products")
