@@ -2,6 +2,8 @@
 // or 3.x (Debian 13): their primitive descriptors are made differently.
 #include "onednn_peak.h"
 
+#include "tinylm_onednn_config.h"
+
 #include <torch/torch.h>
 
 #if defined(TINYLM_HAVE_ONEDNN)

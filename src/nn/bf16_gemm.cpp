@@ -10,6 +10,7 @@
 
 #include "nn/cpu/kernels.h"
 #include "nn/kernel_counts.h"
+#include "tinylm_onednn_config.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

@@ -23,6 +23,7 @@
 #include <tinylm/nn/kernel_policy.h>
 
 #include "attention_kernels.h"
+#include "nn/float_data.h"
 #include "nn/saved_policy.h"
 #include "nn/token_ids.h"
 
@@ -65,8 +66,6 @@ void column_sums(const float* rows, int64_t N, int64_t n, float* out) {
     for (int64_t j = 0; j < n; ++j) out[j] += row[j];
   }
 }
-
-const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 /// C = op(A) op(B) (or +=), by the backend the model's policy picks for the shape.
 void product(const KernelPolicy& policy, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -2,6 +2,7 @@
 #include "nn/layer_norm.h"
 
 #include "nn/cpu/kernels.h"
+#include "nn/float_data.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -20,8 +21,6 @@ int64_t grain_rows(int64_t D) { return std::max<int64_t>(1, 16384 / D); }
 /// apart, and the blocks are added in order, so those sums have the same bits on any
 /// number of threads.
 constexpr int64_t kBlockRows = 64;
-
-float* floats(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 bool fits(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32;

@@ -4,6 +4,7 @@
 //   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
 #include "nn/linear.h"
 
+#include "nn/float_data.h"
 #include "nn/saved_policy.h"
 
 #include <tinylm/nn/cpu_kernels.h>
@@ -21,7 +22,6 @@ namespace tinylm::nn {
 
 namespace {
 
-float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
 /// x as bfloat16 (round_to_bf16; on CUDA LibTorch's conversion, which rounds to nearest
