@@ -17,8 +17,10 @@ date, the machine and the command) or, for the test count, from the build's own 
   scripts/docs_figures.py record-ci [OUT_DIR]                 save CI's summary.json (build/ci)
                                                               as docs/figures/ci-cold.json or
                                                               ci-warm.json, by its caches
-  scripts/docs_figures.py record-quickstart train|test TIMES  save a fresh machine's
-                                                              quickstart phase times
+  scripts/docs_figures.py record-quickstart train|test TIMES --fresh TEXT
+                                                              save a fresh machine's quickstart
+                                                              phase times, TEXT saying what
+                                                              'fresh' meant
 
 The blocks and what renders each: BLOCKS below. Only the standard library is used.
 """
@@ -159,14 +161,18 @@ def ci_block(which):
 
 
 def quickstart_block(ctx):
-    rows = []
+    rows, fresh = [], []
     for what in ("train", "test"):
         q = load_json(f"quickstart-{what}.json")
         p = q["phases"]
         rows.append([f"`scripts/quickstart.sh {what}`", q["date"], f"{q['machine']['cpu']}, {q['machine']['os']}"] +
-                    [mmss(p[c]) if c in p else "" for c in ("setup", "configure", "build", "train", "test")] +
+                    [mmss(p[c]) if c in p else "" for c in
+                     ("download", "install", "setup", "configure", "build", "train", "test")] +
                     [f"**{mmss(q['total'])}**"])
-    return table(["command", "date", "machine", "setup", "configure", "build", "train", "test", "in all"], rows)
+        fresh.append(f"`{what}`: {q.get('fresh', 'not recorded')}")
+    return (table(["command", "date", "machine", "download", "install", "setup in all", "configure", "build",
+                   "train", "test", "in all"], rows) +
+            "\nWhat the machine had before: " + "; ".join(fresh) + ".\n")
 
 
 def test_count_block(ctx):
@@ -618,15 +624,19 @@ def main():
         write_atomic(os.path.join(FIGURES, name), json.dumps(s, indent=1) + "\n")
         print(f"docs_figures: CI's summary saved as docs/figures/{name}")
     else:
-        if len(args) != 2 or args[0] not in ("train", "test"):
-            sys.exit("usage: scripts/docs_figures.py record-quickstart train|test TIMES_FILE")
+        if len(args) != 4 or args[0] not in ("train", "test") or args[2] != "--fresh" or not args[3].strip():
+            sys.exit("usage: scripts/docs_figures.py record-quickstart train|test TIMES_FILE --fresh "
+                     "'what the machine had before (packages, caches)'")
         phases = {}
         for line in open(args[1]):
             name, ms, status = line.split()
             if status != "0":
                 sys.exit(f"docs_figures: {args[1]}: phase {name} failed (status {status}); nothing saved")
             phases[name] = round(phases.get(name, 0) + int(ms) / 1000, 1)
-        q = {"date": today, "machine": machine(), "phases": phases, "total": round(sum(phases.values()), 1)}
+        # download and install are setup's parts, not phases beside it.
+        total = sum(v for k, v in phases.items() if k not in ("download", "install"))
+        q = {"date": today, "machine": machine(), "fresh": args[3].strip(), "phases": phases,
+             "total": round(total, 1)}
         write_atomic(os.path.join(FIGURES, f"quickstart-{args[0]}.json"), json.dumps(q, indent=1) + "\n")
         print(f"docs_figures: saved docs/figures/quickstart-{args[0]}.json")
 

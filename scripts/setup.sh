@@ -23,6 +23,7 @@
 #   scripts/setup.sh --ci        also what CI uses: ccache
 #   scripts/setup.sh --fuzz      also clang and libFuzzer (scripts/fuzz.sh)
 set -euo pipefail
+. "$(dirname "$0")/phase.sh"
 
 cuda=0
 test=0
@@ -85,9 +86,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
   # Another apt on this system (CI prepares a Debian 13 root beside this) is waited for.
-  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-    --no-install-recommends "${missing[@]}" > /dev/null
+  # Downloading (the package lists, then the packages) and installing are timed apart:
+  # the first depends on the network and the mirror, the second on this machine.
+  apt=($sudo apt-get -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends)
+  download_packages() {
+    "${apt[@]}" update &&
+      DEBIAN_FRONTEND=noninteractive "${apt[@]}" install --download-only "${missing[@]}" > /dev/null
+  }
+  install_packages() { DEBIAN_FRONTEND=noninteractive "${apt[@]}" install "${missing[@]}" > /dev/null; }
+  phase download download_packages
+  phase install install_packages
+  total=$(dpkg-query -W -f='${Status}\n' 2> /dev/null | grep -c "install ok installed")
+  echo "setup: $total packages installed on this system now"
 fi
 
 # LibTorch's BLAS calls go through libblas.so.3: make sure that is OpenBLAS, not the
@@ -102,5 +112,6 @@ fi
 # ONNX Runtime Web from the npm registry, for the web export's browser test (its script
 # and WebAssembly go into the page): fetched once into a cache, checked by its sha512.
 if [ "$test" = 1 ]; then
-  "$(dirname "$0")/onnxruntime-web.sh" > /dev/null
+  fetch_onnxruntime_web() { "$(dirname "$0")/onnxruntime-web.sh" > /dev/null; }
+  phase download fetch_onnxruntime_web
 fi
