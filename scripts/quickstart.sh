@@ -22,6 +22,7 @@ if [ -z "${TINYLM_TIMINGS:-}" ]; then
   TINYLM_TIMINGS=$quickstart_tmp
 fi
 export TINYLM_TIMINGS
+touch "$TINYLM_TIMINGS"  # CI names a file that its legs' phases append to, not yet there
 first_line=$(( $(wc -l < "$TINYLM_TIMINGS") + 1 ))
 started=$(date +%s%N)
 # The closing line: this run's phases, setup with its download and install.
