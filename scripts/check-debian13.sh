@@ -88,7 +88,7 @@ make_root() {
   if [ "$cuda" = 1 ] && [ -f "$cpu_root/.tinylm-root-ready" ]; then
     echo "$name: copying the Debian 13 root $cpu_root to $root"
     rm -rf "$root"
-    cp -a --reflink=auto "$cpu_root" "$root"
+    cp -a --reflink=auto "$cpu_root" "$root" || return
     rm -f "$root/.tinylm-root-ready"
     return
   fi
@@ -96,7 +96,7 @@ make_root() {
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
       debootstrap > /dev/null
-  }
+  } || return
   echo "$name: making a Debian 13 root in $root (debootstrap, about 3 min)"
   rm -rf "$root"
   debootstrap --variant=minbase trixie "$root" "$mirror" > "$root.debootstrap.log" 2>&1 ||
@@ -104,9 +104,10 @@ make_root() {
 }
 
 # The root exists and has every package scripts/setup.sh lists (it installs only what is
-# missing, so a root made by an older HEAD catches up here).
+# missing, so a root made by an older HEAD catches up here). Each step's failure is
+# returned by hand: `phase` runs this in a test, where bash ignores set -e.
 prepare() {
-  [ -f "$root/.tinylm-root-ready" ] || make_root
+  [ -f "$root/.tinylm-root-ready" ] || make_root || return
   mount_system
   # dpkg without fsync: this root is a cache that can be remade, and unpacking LibTorch
   # (and CUDA) file by file with fsync is most of its set-up time.
@@ -116,25 +117,25 @@ prepare() {
     setup_args=(--ci --cuda)  # the CUDA leg runs no test that needs the test tools
     if ! grep -q contrib "$root/etc/apt/sources.list"; then
       echo "deb $mirror trixie main contrib non-free non-free-firmware" > "$root/etc/apt/sources.list"
-      in_root apt-get update -qq
+      in_root apt-get update -qq || return
     fi
     # Decline NVIDIA's cuDNN licence: the package then installs without downloading.
     echo "nvidia-cudnn nvidia-cudnn/question select I Decline" | in_root debconf-set-selections
   fi
-  cp "$repo/scripts/setup.sh" "$repo/scripts/onnxruntime-web.sh" "$root/root/"
+  cp "$repo/scripts/setup.sh" "$repo/scripts/phase.sh" "$repo/scripts/onnxruntime-web.sh" "$root/root/" || return
   if [ "$cuda" = 0 ]; then
     # ONNX Runtime Web (the web export's test) is fetched here, with this machine's
     # certificates (a root made by debootstrap has Debian's alone), and copied in.
     local ort_web
-    ort_web=$("$repo/scripts/onnxruntime-web.sh")
+    ort_web=$("$repo/scripts/onnxruntime-web.sh") || return
     mkdir -p "$root/var/cache/tinylm/npm"
     [ -d "$root/var/cache/tinylm/npm/$(basename "$(dirname "$ort_web")")" ] ||
-      cp -a "$(dirname "$ort_web")" "$root/var/cache/tinylm/npm/"
+      cp -a "$(dirname "$ort_web")" "$root/var/cache/tinylm/npm/" || return
   fi
-  in_root bash /root/setup.sh "${setup_args[@]}"
+  in_root bash /root/setup.sh "${setup_args[@]}" || return
   if [ "$cuda" = 1 ]; then
     cp "$repo/scripts/cudnn-stub.sh" "$root/root/cudnn-stub.sh"
-    in_root bash /root/cudnn-stub.sh
+    in_root bash /root/cudnn-stub.sh || return
   fi
   touch "$root/.tinylm-root-ready"
 }
