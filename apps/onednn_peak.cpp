@@ -4,7 +4,7 @@
 
 #include "tinylm_onednn_config.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #if defined(TINYLM_HAVE_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>

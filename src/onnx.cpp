@@ -11,7 +11,9 @@
 #include "internal/files.h"
 #include "internal/onnx_graph.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cmath>
 #include <filesystem>

@@ -3,7 +3,7 @@
 
 #include "internal/text.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <iomanip>
 #include <sstream>

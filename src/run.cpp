@@ -11,7 +11,7 @@
 #include "internal/generator_scope.h"
 #include "internal/text.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 

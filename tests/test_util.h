@@ -3,7 +3,19 @@
 #pragma once
 
 #include "catch_compat.h"
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <tinylm/data/token_file.h>
 #include <tinylm/nn/cpu_kernels.h>

@@ -7,7 +7,8 @@
 
 #include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdio>

@@ -16,7 +16,8 @@
 #include <tinylm/train/trainer.h>
 
 #include <c10/util/Logging.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -12,7 +12,8 @@
 #include <tinylm/generate.h>
 #include <tinylm/log.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <atomic>

@@ -8,7 +8,7 @@
 #include <tinylm/version.h>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <fcntl.h>
 #include <unistd.h>

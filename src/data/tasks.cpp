@@ -4,7 +4,7 @@
 #include "internal/files.h"
 #include "internal/text.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <string_view>

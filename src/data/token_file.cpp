@@ -5,7 +5,7 @@
 #include "internal/files.h"
 #include "internal/text.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -5,7 +5,7 @@
 
 #include "protobuf.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <set>

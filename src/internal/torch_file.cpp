@@ -8,7 +8,7 @@
 #include "internal/text.h"
 
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstring>
 #include <limits>

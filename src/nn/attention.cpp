@@ -6,7 +6,8 @@
 #include "nn/linear.h"
 #include "nn/rotary.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 
 #include <algorithm>

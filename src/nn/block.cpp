@@ -6,7 +6,9 @@
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/linear.h>
 
 namespace tinylm::nn {
 

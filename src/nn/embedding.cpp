@@ -3,7 +3,8 @@
 #include <tinylm/nn/embedding.h>
 
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

@@ -27,7 +27,8 @@
 #include "nn/saved_policy.h"
 #include "nn/token_ids.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <limits>

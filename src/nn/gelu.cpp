@@ -5,7 +5,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace tinylm::nn {
 

@@ -10,7 +10,9 @@
 #include <tinylm/nn/cpu_kernels.h>
 
 #include <ATen/record_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/functional/linear.h>
 
 #include <cstdint>
 #include <iterator>

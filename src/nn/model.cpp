@@ -11,7 +11,11 @@
 #include "nn/token_ids.h"
 
 #include <c10/util/Type.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/functional/loss.h>
 
 #include <cmath>
 #include <unordered_set>

@@ -15,7 +15,8 @@
 #include "train/legacy_recipe.h"
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <fcntl.h>
 #include <unistd.h>

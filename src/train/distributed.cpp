@@ -13,7 +13,8 @@
 #ifdef TINYLM_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

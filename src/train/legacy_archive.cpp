@@ -14,7 +14,7 @@
 #include "internal/text.h"
 #include "internal/torch_file.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

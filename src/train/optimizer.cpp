@@ -4,7 +4,12 @@
 #include "nn/cpu/kernels.h"
 
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cmath>

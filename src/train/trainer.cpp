@@ -15,7 +15,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include "internal/torch_file.h"
 
 #include <ATen/core/Dict.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <malloc.h>
 #if defined(__has_feature)

@@ -13,7 +13,7 @@
 #include <tinylm/train/trainer.h>
 
 #include <torch/serialize/input-archive.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
