@@ -15,6 +15,7 @@
 #endif
 #include <torch/types.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -17,6 +17,7 @@
 #include <ATen/record_function.h>
 #include <torch/types.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 #include <torch/cuda.h>
 
 #include <chrono>
