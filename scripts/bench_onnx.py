@@ -4,8 +4,10 @@ exported as ONNX and run by ONNX Runtime in Python, in C++ (tests/onnx/ort_gener
 built where libonnxruntime-dev is) and in the page of `tinylm export --format web` (ONNX
 Runtime Web in headless Chromium). Each times its own generation loop alone (after
 loading), one thread each, --repeats times (the median kept); each runtime's text must be
-tinylm's. On the reference run's checkpoint (trained into a scratch folder) unless
---checkpoint is given (repeatable). One JSON object per line, then a summary line.
+tinylm's. Unless --checkpoint is given (repeatable): the reference run's checkpoint and a
+P2-shaped one (4 blocks, width 256, 8 heads, context 128, 256 byte tokens; 20 steps of
+the copy task), both trained into a scratch folder. One JSON object per line, then a
+summary line.
 ONNX Runtime's Python and C++ runs need Debian 13's packages (run this in its root there);
 a runtime that is absent is left out, saying so.
 usage: scripts/bench_onnx.py [--tinylm build/release/tinylm] [--checkpoint [NAME=]CKPT]...
@@ -29,7 +31,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--tinylm", default=os.path.join(here, "..", "build", "release", "tinylm"))
 p.add_argument("--checkpoint", action="append",
-               help="[NAME=]checkpoint or run directory, repeatable (default: the reference run, trained)")
+               help="[NAME=]checkpoint or run directory, repeatable (default: the reference run and P2, trained)")
 p.add_argument("--ort-generate", default=os.path.join(here, "..", "build", "release", "tests", "tinylm_ort_generate"))
 p.add_argument("--tokens", type=int, default=200, help="tokens generated after the prompt")
 p.add_argument("--repeats", type=int, default=3)
@@ -55,9 +57,13 @@ results = []
 try:
     checkpoints = a.checkpoint or []
     if not checkpoints:
-        ref = os.path.join(work, "reference")
+        ref, p2 = os.path.join(work, "reference"), os.path.join(work, "p2")
         run(a.tinylm, "train", "--out-dir", ref)
-        checkpoints = ["reference=" + ref]
+        run(a.tinylm, "train", "--model", "transformer", "--n-layers", "4", "--d-model", "256", "--n-heads", "8",
+            "--seq-len", "128", "--vocab-size", "256", "--batch-size", "8", "--task", "copy", "--epochs", "1",
+            "--steps-per-epoch", "20", "--log-every", "10", "--eval-every", "20", "--eval-batches", "1",
+            "--out-dir", p2)
+        checkpoints = ["reference=" + ref, "p2=" + p2]
     try:
         import numpy as np
         import onnxruntime

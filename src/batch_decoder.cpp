@@ -132,13 +132,13 @@ void BatchDecoder::prefill(std::vector<Token>& out) {
     const auto window = static_cast<int64_t>(s.tokens.size());
     if (s.prefilled > 0 || window > budget) {  // a prompt longer than what is left: a chunk of it
       const int64_t n = std::min(budget, window - s.prefilled);
-      auto logits = model_.forward_cached(ids_tensor(s.tokens.data() + s.prefilled, n, device_), s.cache);
+      auto logits = model_.next_logits(ids_tensor(s.tokens.data() + s.prefilled, n, device_), &s.cache);  // (1, V)
       s.prefilled += n;
       budget -= n;
       if (s.prefilled < window) break;  // the rest next step
       Sequence joined = std::move(s);
       joining_.pop_front();
-      if (!emit(joined, sample({&joined}, logits.select(1, -1)).front(), out)) join(std::move(joined));
+      if (!emit(joined, sample({&joined}, logits).front(), out)) join(std::move(joined));
       continue;
     }
     // Whole prompts of this length, in the order they came, in one pass while the budget
@@ -154,7 +154,7 @@ void BatchDecoder::prefill(std::vector<Token>& out) {
     for (size_t j : group) prompts.insert(prompts.end(), joining_[j].tokens.begin(), joining_[j].tokens.end());
     nn::KVCache shared;
     const auto ids = torch::from_blob(prompts.data(), {G, window}, torch::kLong).to(device_, false, /*copy=*/true);
-    const auto logits = model_.forward_cached(ids, shared).select(1, -1);  // (G, V)
+    const auto logits = model_.next_logits(ids, &shared);  // (G, V)
     budget -= G * window;
     std::vector<Sequence> joined;
     for (size_t j : group) joined.push_back(std::move(joining_[j]));
@@ -227,9 +227,8 @@ void BatchDecoder::decode_alone(std::vector<Token>& out) {
   }
   if (!windowed.empty()) {
     const auto R = static_cast<int64_t>(windowed.size());
-    nn::KVCache fresh;
     const auto ids = torch::from_blob(windows.data(), {R, context_}, torch::kLong).to(device_, false, /*copy=*/true);
-    const auto logits = model_.forward_cached(ids, fresh).select(1, -1);  // (R, V)
+    const auto logits = model_.next_logits(ids);  // (R, V)
     std::vector<Sequence*> seqs;
     for (size_t i : windowed) seqs.push_back(&alone_[i]);
     const auto tokens = sample(seqs, logits);
@@ -240,8 +239,8 @@ void BatchDecoder::decode_alone(std::vector<Token>& out) {
   for (size_t i = 0; i < alone_.size(); ++i) {
     Sequence& s = alone_[i];
     if (s.cache.length >= context_) continue;
-    const auto logits = model_.forward_cached(ids_tensor(&s.tokens.back(), 1, device_), s.cache);
-    done[i] = emit(s, sample({&s}, logits.select(1, -1)).front(), out);
+    const auto logits = model_.next_logits(ids_tensor(&s.tokens.back(), 1, device_), &s.cache);  // (1, V)
+    done[i] = emit(s, sample({&s}, logits).front(), out);
   }
   for (size_t i = alone_.size(); i-- > 0;)
     if (done[i]) alone_.erase(alone_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -118,15 +118,17 @@ torch::Tensor generate(nn::LanguageModelImpl& model, const torch::Tensor& prompt
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int64_t T = seq.size(1);
     torch::Tensor logits;  // (B, V) for the next position
-    if (options.use_kv_cache && i > 0 && cache.length < C) {
-      logits = model.forward_cached(next, cache).select(1, -1);  // one new position
+    if (options.use_kv_cache && cache.length > 0 && cache.length < C) {  // a cache with room
+      logits = model.next_logits(next, &cache);  // one new position
     } else {
       auto window = seq.narrow(1, std::max<int64_t>(0, T - C), std::min(T, C));  // (B, <= C)
-      if (options.use_kv_cache) {
+      // A cache is kept while the context has room: a full window's would be read again
+      // at the next token's positions, so from there each window is read afresh.
+      if (options.use_kv_cache && window.size(1) < C) {
         cache = nn::KVCache{};
-        logits = model.forward_cached(window, cache).select(1, -1);
+        logits = model.next_logits(window, &cache);
       } else {
-        logits = model.forward(window).logits.select(1, -1);
+        logits = model.next_logits(window);
       }
     }
     next = next_tokens(logits, options, gen);

@@ -215,6 +215,35 @@ TEST_CASE("KV-cache decoding gives the same logits and tokens as full recomputat
   o.use_kv_cache = false;
   auto without = generate(*model, ids.narrow(1, 0, 3), o);
   CHECK(torch::equal(with_cache, without));
+
+  // Greedy, from prompts shorter than the context, as long, and longer: each token the
+  // argmax of forward() over the last C tokens, with the cache and without. (Weights of
+  // N(0, 1), so that each token depends on the tokens before it.)
+  for (auto* m : {static_cast<torch::nn::Module*>(model.get()), static_cast<torch::nn::Module*>(tiny.get())})
+    for (auto& p : m->parameters()) p.normal_(0.0, 1.0);
+  tiny->eval();
+  const auto long_ids = torch::randint(50, {1, 20}, torch::kLong);
+  int64_t distinct = 0;
+  for (int64_t T : {3, 11, 12, 15, 16, 20}) {
+    for (LanguageModelImpl* m : {static_cast<LanguageModelImpl*>(model.get()), static_cast<LanguageModelImpl*>(tiny.get())}) {
+      INFO("prompt " << T << ", context " << m->context_length());
+      GenerateOptions g;
+      g.greedy = true;
+      g.max_new_tokens = 8;
+      auto expected = long_ids.narrow(1, 0, T);
+      for (int i = 0; i < 8; ++i) {
+        const int64_t n = expected.size(1), C = m->context_length();
+        const auto window = expected.narrow(1, std::max<int64_t>(0, n - C), std::min(n, C));
+        expected = torch::cat({expected, m->forward(window).logits.select(1, -1).argmax(-1, true)}, 1);
+      }
+      distinct += std::get<0>(at::_unique(expected.narrow(1, T, 8))).numel();
+      for (bool cached : {true, false}) {
+        g.use_kv_cache = cached;
+        CHECK(torch::equal(generate(*m, long_ids.narrow(1, 0, T), g), expected));
+      }
+    }
+  }
+  CHECK(distinct > 2 * 12);  // the tokens made vary (a model that always says the same proves little)
 }
 
 TEST_CASE("KV-cache decoding with rotary positions and grouped-query attention gives full recomputation's "

@@ -260,7 +260,7 @@ AttentionOutput MultiHeadSelfAttentionImpl::forward(const torch::Tensor& x, bool
 }
 
 torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
-                                                        torch::Tensor& values) {
+                                                        torch::Tensor& values, bool last_only) {
   const int64_t D = options.d_model(), H = options.n_heads();
   TORCH_CHECK(x.dim() == 3 && x.size(2) == D, "MultiHeadSelfAttention: expected new tokens (B, Tn, ",
               D, "), got ", x.sizes());
@@ -276,14 +276,16 @@ torch::Tensor MultiHeadSelfAttentionImpl::forward_cached(const torch::Tensor& x,
   k = k.transpose(1, 2), v = v.transpose(1, 2);                // (B, Hkv, Tn, Dh)
   keys = Tc ? torch::cat({keys, k}, /*dim=*/2) : k;            // (B, Hkv, Tc + Tn, Dh)
   values = Tc ? torch::cat({values, v}, /*dim=*/2) : v;
+  if (last_only && Tn > 1) q = q.narrow(2, Tn - 1, 1);        // (B, H, 1, Dh)
+  const int64_t Tq = q.size(2);
   // One new token sees every cached key: its mask row would be all true.
-  auto allowed = options.causal() && Tn > 1 ? causal_rows(Tc, Tn, Tc + Tn, x.device())
+  auto allowed = options.causal() && Tq > 1 ? causal_rows(Tc, Tn, Tc + Tn, x.device())
                                             : torch::Tensor();  // (Tn, Tc + Tn)
   // Each key/value head serves H / Hkv query heads, in order.
   const auto all_keys = Hkv == H ? keys : keys.repeat_interleave(H / Hkv, /*dim=*/1);        // (B, H, ., Dh)
   const auto all_values = Hkv == H ? values : values.repeat_interleave(H / Hkv, /*dim=*/1);
-  auto weights = attention_weights(q, all_keys, allowed);         // (B, H, Tn, Tc + Tn)
-  auto context = merge_heads(torch::matmul(weights, all_values));  // (B, Tn, D)
+  auto weights = attention_weights(q, all_keys, allowed);         // (B, H, Tq, Tc + Tn)
+  auto context = merge_heads(torch::matmul(weights, all_values));  // (B, Tq, D)
   return linear(context, out_proj->weight, out_proj->bias, policy);
 }
 

@@ -140,12 +140,14 @@ AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool retur
 }
 
 torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,
-                                                  torch::Tensor& values) {
+                                                  torch::Tensor& values, bool last_only) {
+  // The residual path of the rows the attention returns: the last alone with last_only.
+  const auto rows = last_only ? x.narrow(1, x.size(1) - 1, 1) : x;  // (B, Tn or 1, D)
   if (options.pre_ln()) {
-    auto [h, normed] = ln2->forward_residual(x, attn->forward_cached(ln1(x), keys, values));
+    auto [h, normed] = ln2->forward_residual(rows, attn->forward_cached(ln1(x), keys, values, last_only));
     return h + mlp(normed);
   }
-  auto h = ln1(x + attn->forward_cached(x, keys, values));
+  auto h = ln1(rows + attn->forward_cached(x, keys, values, last_only));
   return ln2(h + mlp(h));
 }
 

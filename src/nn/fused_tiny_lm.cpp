@@ -31,6 +31,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -205,6 +206,78 @@ bool fused_tiny_lm_supported(const TinyLMTensors& m) {
                         &m.head_weight, &m.head_bias})
     if (!t->defined() || !t->device().is_cpu() || t->scalar_type() != torch::kFloat32) return false;
   return true;
+}
+
+torch::Tensor fused_tiny_lm_next_logits(const TinyLMTensors& m, const torch::Tensor& ids_in,
+                                        const KernelPolicy& policy) {
+  TORCH_CHECK(fused_tiny_lm_supported(m), "fused_tiny_lm_next_logits: needs float32 CPU parameters, every bias there");
+  check_token_shape("TinyAttentionLM", ids_in, m.context_length);
+  const auto ids = ids_in.contiguous();
+  const auto E = m.embedding.contiguous(), pe = m.positions.contiguous();
+  const auto Wqkv = m.qkv_weight.contiguous(), Wo = m.out_weight.contiguous(), Wh = m.head_weight.contiguous();
+  const int64_t B = ids.size(0), T = ids.size(1), D = E.size(1), V = Wh.size(0), N = B * T, H = m.n_heads;
+  TORCH_CHECK(pe.dim() == 2 && pe.size(0) == T && pe.size(1) == D, "fused_tiny_lm_next_logits: positions must be (",
+              T, ", ", D, "), got ", pe.sizes());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  for (int64_t n = 0; n < N; ++n) {
+    lo = std::min(lo, id[n]);
+    hi = std::max(hi, id[n]);
+  }
+  check_token_range("TinyAttentionLM", lo, hi, E.size(0));
+
+  // x (N, D), every position's keys and values kv (N, 2D) as [k | v], the last
+  // positions' queries q (B, D), attention outputs c (B, D), projections o (B, D) and one
+  // row of scores (T).
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(N * 3 * D + 3 * B * D + T));
+  float *x = scratch.data(), *kv = x + N * D, *q = kv + N * 2 * D, *c = q + B * D, *o = c + B * D, *score = o + B * D;
+  const float *e = floats(E), *p = floats(pe);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* er = e + id[n] * D;
+    const float* pr = p + (n % T) * D;
+    float* xr = x + n * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
+  }
+  // Wqkv's rows are [q | k | v]: the keys' and values' for every position, the queries'
+  // for the last (its row of x at b * T + T - 1, a stride of T rows).
+  const float *W = floats(Wqkv), *bias = floats(m.qkv_bias);
+  fill_rows(kv, bias + D, N, 2 * D);
+  product(policy, false, true, N, 2 * D, D, x, D, W + D * D, D, kv, 2 * D, /*accumulate=*/true);
+  fill_rows(q, bias, B, D);
+  product(policy, false, true, B, D, D, x + (T - 1) * D, T * D, W, D, q, D, true);
+  // The last query of each head over all T keys (the causal mask hides none of them).
+  const int64_t Dh = D / H;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q + b * D + h * Dh;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < T; ++j) {
+        const float* k = kv + (b * T + j) * 2 * D + h * Dh;
+        float s = 0.f;
+        for (int64_t d = 0; d < Dh; ++d) s += qh[d] * k[d];
+        score[j] = s * scale;
+        top = std::max(top, score[j]);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < T; ++j) sum += score[j] = std::exp(score[j] - top);
+      float* out = c + b * D + h * Dh;
+      std::fill(out, out + Dh, 0.f);
+      for (int64_t j = 0; j < T; ++j) {
+        const float* v = kv + (b * T + j) * 2 * D + D + h * Dh;
+        const float w = score[j] / sum;
+        for (int64_t d = 0; d < Dh; ++d) out[d] += w * v[d];
+      }
+    }
+  fill_rows(o, floats(m.out_bias), B, D);
+  product(policy, false, true, B, D, D, c, D, floats(Wo), D, o, D, true);
+  auto logits = torch::empty({B, V}, E.options());
+  float* z = logits.data_ptr<float>();
+  fill_rows(z, floats(m.head_bias), B, V);
+  product(policy, false, true, B, V, D, o, D, floats(Wh), D, z, V, true);
+  return logits;
 }
 
 torch::Tensor fused_tiny_lm_loss(const TinyLMTensors& m, const torch::Tensor& ids, const torch::Tensor& targets,

@@ -34,4 +34,13 @@ bool fused_tiny_lm_supported(const TinyLMTensors& model);
 torch::Tensor fused_tiny_lm_loss(const TinyLMTensors& model, const torch::Tensor& ids,
                                  const torch::Tensor& targets, const KernelPolicy& policy);
 
+/// Generation's step on the same tensors (positions (T, D) for ids' length): logits
+/// (B, V) for the token after each row of ids (B, T), equal to forward(ids)'s last
+/// position to float rounding. Every position's keys and values are made, the query, attention
+/// output, the output projection and the head only for the last: a handful of products and
+/// loops in place of the ~25 operations the module dispatches, which decide a tiny
+/// model's time per token.
+torch::Tensor fused_tiny_lm_next_logits(const TinyLMTensors& model, const torch::Tensor& ids,
+                                        const KernelPolicy& policy);
+
 }  // namespace tinylm::nn

@@ -18,6 +18,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 
 namespace tinylm::nn {
@@ -59,6 +60,10 @@ torch::Tensor LanguageModelImpl::loss(const torch::Tensor& ids, const torch::Ten
 
 ModelArchitecture LanguageModelImpl::architecture() const {
   return {c10::demangle(typeid(*this).name()), 1, {}};
+}
+
+torch::Tensor LanguageModelImpl::next_logits(const torch::Tensor& ids, KVCache* cache) {
+  return (cache ? forward_cached(ids, *cache) : forward(ids).logits).select(1, -1);  // (B, V)
 }
 
 torch::Tensor LanguageModelImpl::forward_rows(const torch::Tensor& /*ids*/, KVCache& /*cache*/) {
@@ -278,27 +283,39 @@ ModelArchitecture architecture_of(const TinyAttentionLMOptions& options) {
   return {"tiny", 1, TinyAttentionLMOptions::spec().write(options)};
 }
 
-torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
-  // The whole model as one op exactly where its attention would run the fused kernel.
-  const auto& w = token_embedding->weight;
+namespace {
+
+/// The tiny model's tensors for the fused ops where ids (B, T) take them: exactly where
+/// its attention would run the fused kernel.
+std::optional<TinyLMTensors> fused_tensors(TinyAttentionLMImpl& m, const torch::Tensor& ids,
+                                           const KernelPolicy& policy) {
+  const auto& options = m.options;
+  const auto& attention = m.attention;
+  const auto& w = m.token_embedding->weight;
   AttentionCall call;
   call.cuda = w.is_cuda();
   call.fused_supported = w.device().is_cpu() && w.scalar_type() == torch::kFloat32;
-  call.seq_len = ids.dim() == 2 ? ids.size(1) : 0;
-  call.dropout = is_training() && attention->options.attn_dropout() > 0;
+  call.seq_len = ids.defined() && ids.dim() == 2 ? ids.size(1) : 0;
+  call.dropout = m.is_training() && attention->options.attn_dropout() > 0;
   call.grad_enabled = torch::GradMode::is_enabled();
-  const KernelPolicy& policy = *policy_;
   const int64_t T = call.seq_len;
   // (Its attention products run on the loops: where the policy wants BLAS, the module runs.)
   if (policy.fuse_whole_model && T >= 1 && T <= options.context_length() && attention->options.causal() &&
       !policy.attention_products_use_blas(T) &&
       policy.attention_kernel(options.attention_kernel(), call) == AttentionKernel::fused) {
     const auto& a = *attention;
-    const TinyLMTensors tensors{w, sinusoidal_positions->forward(T), a.qkv_proj->weight, a.qkv_proj->bias,
-                                a.out_proj->weight, a.out_proj->bias, lm_head->weight, lm_head->bias,
-                                options.n_heads(), options.context_length(), kIgnoreTarget};
-    if (fused_tiny_lm_supported(tensors)) return fused_tiny_lm_loss(tensors, ids, targets, policy);
+    TinyLMTensors tensors{w, m.sinusoidal_positions->forward(T), a.qkv_proj->weight, a.qkv_proj->bias,
+                          a.out_proj->weight, a.out_proj->bias, m.lm_head->weight, m.lm_head->bias,
+                          options.n_heads(), options.context_length(), kIgnoreTarget};
+    if (fused_tiny_lm_supported(tensors)) return tensors;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+torch::Tensor TinyAttentionLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  if (const auto tensors = fused_tensors(*this, ids, *policy_)) return fused_tiny_lm_loss(*tensors, ids, targets, *policy_);
   return LanguageModelImpl::loss(ids, targets);
 }
 
@@ -345,6 +362,22 @@ torch::Tensor TinyAttentionLMImpl::forward_cached(const torch::Tensor& ids, KVCa
   auto h = attention->forward_cached(x, cache.keys[0], cache.values[0]);
   cache.length += Tn;
   return lm_head(h);  // (B, Tn, V)
+}
+
+torch::Tensor TinyAttentionLMImpl::next_logits(const torch::Tensor& ids, KVCache* cache) {
+  // Without a cache, the whole model in one call where the loss would fuse it.
+  if (!cache)
+    if (const auto tensors = fused_tensors(*this, ids, *policy_)) return fused_tiny_lm_next_logits(*tensors, ids, *policy_);
+  check_token_ids("TinyAttentionLM", ids, options.vocab_size(), options.context_length());
+  const int64_t T = ids.size(1);
+  KVCache scratch;
+  KVCache& c = cache ? *cache : scratch;
+  c.keys.resize(1);
+  c.values.resize(1);
+  auto x = token_embedding(ids) + sinusoidal_positions->rows(c.length, T);  // (B, T, D)
+  auto h = attention->forward_cached(x, c.keys[0], c.values[0], /*last_only=*/true);  // (B, 1, D)
+  c.length += T;
+  return lm_head(h).select(1, 0);  // (B, V)
 }
 
 torch::Tensor TinyAttentionLMImpl::forward_rows(const torch::Tensor& ids, KVCache& cache) {
@@ -492,6 +525,27 @@ torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCach
   }
   cache.length += Tn;
   return linear(ln_f(x), lm_head_weight(), {}, *policy_);  // (B, Tn, V)
+}
+
+torch::Tensor TransformerLMImpl::next_logits(const torch::Tensor& ids, KVCache* cache) {
+  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
+  const int64_t Tn = ids.size(1), L = options.n_layers();
+  KVCache scratch;
+  KVCache& c = cache ? *cache : scratch;
+  c.keys.resize(L);
+  c.values.resize(L);
+  auto x = token_embedding(ids);                                                 // (B, Tn, D)
+  if (learned_positions) x = x + learned_positions->rows(c.length, Tn);
+  if (sinusoidal_positions) x = x + sinusoidal_positions->rows(c.length, Tn);
+  for (int64_t l = 0; l < L; ++l) {
+    const auto& block = blocks[l]->as<TransformerBlock>();
+    // Without a cache, the blocks before the last run the kernels forward() picks; the
+    // last makes every key and value but the rest for the last position alone.
+    if (!cache && l + 1 < L) x = block->forward(x).output;                         // (B, Tn, D)
+    else x = block->forward_cached(x, c.keys[l], c.values[l], /*last_only=*/l + 1 == L);
+  }
+  c.length += Tn;
+  return linear(ln_f(x), lm_head_weight(), {}, *policy_).select(1, 0);  // (B, V)
 }
 
 torch::Tensor TransformerLMImpl::forward_rows(const torch::Tensor& ids, KVCache& cache) {

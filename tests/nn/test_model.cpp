@@ -461,3 +461,55 @@ TEST_CASE("forward_rows decodes rows of different lengths as each decodes alone"
                Catch::Contains("forward_rows takes one new token for each of the cache's rows, (4, 1)"));
   }
 }
+
+TEST_CASE("next_logits is the last position of forward and of forward_cached, and fills the same cache",
+          "[nn][model][generate]") {
+  torch::manual_seed(11);
+  TransformerLMOptions post_ln(30, 10, 16, 4, 2);
+  post_ln.block().pre_ln(false);
+  TransformerLMOptions rotary(30, 10, 16, 4, 2);
+  rotary.positions(PositionEncoding::rotary);
+  rotary.block().attention().n_kv_heads(2);
+  auto rotary_plain = rotary;
+  rotary_plain.block().attention().kernel(AttentionKernel::plain);
+  TinyAttentionLMOptions tiny_plain(30, 10, 16, 2);
+  tiny_plain.attention_kernel(AttentionKernel::plain);  // not fused: through the module
+  std::vector<LanguageModel> models = {LanguageModel(TinyAttentionLM(TinyAttentionLMOptions(30, 10, 16, 2)).ptr()),
+                                       LanguageModel(TinyAttentionLM(tiny_plain).ptr()),
+                                       LanguageModel(TransformerLM(TransformerLMOptions(30, 10, 16, 2, 2)).ptr()),
+                                       LanguageModel(TransformerLM(post_ln).ptr()),
+                                       LanguageModel(TransformerLM(rotary).ptr()),
+                                       LanguageModel(TransformerLM(rotary_plain).ptr())};
+  for (size_t m = 0; m < models.size(); ++m) {
+    auto& model = models[m];
+    INFO("model " << m << ": " << model->architecture().kind);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    for (int64_t T : {1, 6, 10}) {
+      INFO("T = " << T);
+      const auto ids = torch::randint(30, {3, T}, torch::kLong);
+      const auto alone = model->next_logits(ids);
+      REQUIRE(alone.sizes() == torch::IntArrayRef({3, 30}));
+      CHECK(max_abs_diff(alone, model->forward(ids).logits.select(1, -1)) < 1e-5);
+      KVCache expected, got;
+      const auto cached = model->next_logits(ids, &got);
+      CHECK(max_abs_diff(cached, model->forward_cached(ids, expected).select(1, -1)) < 1e-5);
+      REQUIRE(got.length == T);
+      REQUIRE(got.keys.size() == expected.keys.size());
+      for (size_t l = 0; l < got.keys.size(); ++l) {
+        CHECK(max_abs_diff(got.keys[l], expected.keys[l]) < 1e-6);
+        CHECK(max_abs_diff(got.values[l], expected.values[l]) < 1e-6);
+      }
+      if (T < 10) {  // one more token on each cache
+        const auto next = torch::randint(30, {3, 1}, torch::kLong);
+        CHECK(max_abs_diff(model->next_logits(next, &got), model->forward_cached(next, expected).select(1, -1)) <
+              1e-5);
+        CHECK(got.length == T + 1);
+      }
+    }
+    const auto bad = torch::full({1, 4}, 30, torch::kLong);
+    CHECK_THAT(error_message([&] { model->next_logits(bad); }), Catch::Contains("token ids must be in [0, 30)"));
+    CHECK_THAT(error_message([&] { model->next_logits(torch::zeros({1, 11}, torch::kLong)); }),
+               Catch::Contains("exceeds context_length 10"));
+  }
+}

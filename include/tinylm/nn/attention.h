@@ -90,8 +90,10 @@ class MultiHeadSelfAttentionImpl : public torch::nn::Cloneable<MultiHeadSelfAtte
 
   /// Incremental decoding: x holds the new tokens (B, Tn, D); keys/values (B, Hkv, Tc, Dh)
   /// hold the earlier ones (undefined when empty) and are extended in place. The new
-  /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout).
-  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
+  /// queries sit at positions Tc .. Tc + Tn - 1. Eval only (no dropout). With last_only,
+  /// only the last new token's output (B, 1, D): every key and value is still kept.
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
+                               bool last_only = false);
 
   /// One new token for each of B rows of different lengths: x (B, 1, D); keys/values (B,
   /// Hkv, >= rows.span, Dh) hold row b's earlier tokens in columns [0, rows.lengths[b]).

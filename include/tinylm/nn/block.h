@@ -127,8 +127,10 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
   AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
                           const torch::Tensor& padding_mask = {});
 
-  /// Incremental decoding through the block (see MultiHeadSelfAttention::forward_cached).
-  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
+  /// Incremental decoding through the block (see MultiHeadSelfAttention::forward_cached);
+  /// with last_only, the last new token's output alone (B, 1, D).
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
+                               bool last_only = false);
   /// The same for rows of different lengths (see MultiHeadSelfAttention::forward_rows).
   torch::Tensor forward_rows(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values,
                              const DecodeRows& rows);

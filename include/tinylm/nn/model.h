@@ -68,6 +68,13 @@ class LanguageModelImpl : public torch::nn::Module {
   /// cache's; the cache is extended. cache.length + Tn must not exceed the context.
   virtual torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) = 0;
 
+  /// Generation's step: logits (B, V) for the token after ids (B, T), i.e. the last
+  /// position of forward(ids).logits, or with a cache of forward_cached(ids, *cache) (the
+  /// cache extended alike). A model may leave out what only the earlier positions' logits
+  /// need (tinylm's do: the last block and the head run for the last position alone), so
+  /// the logits equal those calls' to float rounding. The default is those calls.
+  virtual torch::Tensor next_logits(const torch::Tensor& ids, KVCache* cache = nullptr);
+
   /// Continuous batching: one new token for each row of a cache whose rows have different
   /// lengths (cache.lengths; keys and values with room for one more column past the
   /// longest), ids (B, 1) -> logits (B, 1, V); each row's key and value are written in
@@ -202,6 +209,7 @@ class TinyAttentionLMImpl : public CloneableLanguageModel<TinyAttentionLMImpl> {
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  torch::Tensor next_logits(const torch::Tensor& ids, KVCache* cache = nullptr) override;
   torch::Tensor forward_rows(const torch::Tensor& ids, KVCache& cache) override;
   bool supports_rows() const override { return true; }
   /// The fused whole-model loss where the attention would pick its fused kernel, the
@@ -303,6 +311,7 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
+  torch::Tensor next_logits(const torch::Tensor& ids, KVCache* cache = nullptr) override;
   torch::Tensor forward_rows(const torch::Tensor& ids, KVCache& cache) override;
   bool supports_rows() const override { return true; }
   ModelArchitecture architecture() const override;
