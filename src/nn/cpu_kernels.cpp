@@ -1,12 +1,16 @@
 // Kernel choice for the fused CPU ops: the matrix-product backends and the instruction
 // set of tinylm's loops (src/nn/cpu/kernels.inc). Everything that picks a kernel by
 // shape or by CPU is in this file.
+// Over 400 lines on purpose: every path a product takes (BLAS, dot products, libxsmm's
+// tiles and single kernels, the hand kernel) and the copies of B each makes, beside
+// weight_packing(), which must name the same path for the same product.
 #include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/kernel_policy.h>
 
 #include "nn/blas.h"
 #include "nn/cpu/kernels.h"
 #include "nn/kernel_counts.h"
+#include "nn/weight_packing.h"
 #include "tinylm_kernels_config.h"
 
 #include <ATen/ATen.h>
@@ -68,6 +72,10 @@ void transpose_into(const float* B, int64_t N, int64_t K, int64_t ldb, float* ou
     }
 }
 
+/// Products of at most this many rows against a transposed weight take dot products
+/// (cpu::KernelTable::gemm_bt_rows).
+constexpr int64_t kDotRows = 4;
+
 #ifdef TINYLM_HAVE_LIBXSMM
 /// The tiles of a tiled product: C in 64 x 64 blocks, K in steps of 256 (an L1/L2-sized
 /// working set; measured against 32, 128 and other steps on P2's products).
@@ -82,8 +90,23 @@ constexpr int64_t kTileM = 64, kTileN = 64, kTileK = 256;
 /// against 2 M N K flops: 20% of the weight gradient's time). Column-major as in xsmm_gemm: a tile's
 /// kernel computes its Cᵀ block from B's panel and A's rows (A's columns, read
 /// transposed, when A is transposed).
+/// Panel j holds B's columns [j * 64, j * 64 + nb) as K rows of nb, from K * j * 64 on:
+/// B (N x K, row stride ldb) stored transposed, its panels written over the threads.
+void pack_transposed_panels(const float* B, int64_t N, int64_t K, int64_t ldb, float* packed) {
+  const int64_t tiles_n = (N + kTileN - 1) / kTileN;
+  at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t j0 = j * kTileN, nb = std::min(kTileN, N - j0);
+      transpose_into(B + j0 * ldb, nb, K, ldb, packed + K * j0);
+    }
+  });
+}
+
+/// (With `prepacked`: B's panels as pack_transposed_panels wrote them, tb must be true,
+/// and nothing is copied.)
 bool xsmm_tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                     const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+                     const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
+                     const float* prepacked = nullptr) {
   // Every kernel the tiles need, before any tile is written: [edge row][edge column]
   // [edge K step][first K step]. An edge is the remainder where a size is not a multiple.
   const bool pack = tb || M >= 1024;
@@ -107,20 +130,24 @@ bool xsmm_tiled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const fl
         }
   const int64_t tiles_m = (M + kTileM - 1) / kTileM, tiles_n = (N + kTileN - 1) / kTileN;
   // Panel j holds B's columns [j * 64, j * 64 + nb) as K rows of nb, from K * j * 64 on.
-  auto& panels = pack_buffer();
-  panels.resize(pack ? static_cast<size_t>(K * N) : 0);
-  float* packed = panels.data();
-  if (pack) at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t j0 = j * kTileN, nb = std::min(kTileN, N - j0);
-      float* panel = packed + K * j0;
-      if (!tb) {
-        for (int64_t k = 0; k < K; ++k) std::memcpy(panel + k * nb, B + k * ldb + j0, nb * sizeof(float));
-      } else {  // B stored N x K: the panel is the transpose of its rows [j0, j0 + nb)
-        transpose_into(B + j0 * ldb, nb, K, ldb, panel);
+  const float* packed = prepacked;
+  if (tb && !prepacked) {  // B stored N x K: each panel is the transpose of its rows
+    auto& panels = pack_buffer();
+    panels.resize(static_cast<size_t>(K * N));
+    pack_transposed_panels(B, N, K, ldb, panels.data());
+    packed = panels.data();
+  } else if (pack && !prepacked) {
+    auto& panels = pack_buffer();
+    panels.resize(static_cast<size_t>(K * N));
+    at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t j0 = j * kTileN, nb = std::min(kTileN, N - j0);
+        for (int64_t k = 0; k < K; ++k)
+          std::memcpy(panels.data() + K * j0 + k * nb, B + k * ldb + j0, nb * sizeof(float));
       }
-    }
-  });
+    });
+    packed = panels.data();
+  }
   at::parallel_for(0, tiles_m * tiles_n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i0 = t / tiles_n * kTileM, j0 = t % tiles_n * kTileN;
@@ -266,8 +293,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
   gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy);
 }
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const KernelPolicy& policy) {
+namespace {
+
+/// gemm's body; with `prepacked` (trans_b only), B's copy as pack_weight(`packing`) made it.
+void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const KernelPolicy& policy,
+               const float* prepacked, WeightPacking packing) {
   TORCH_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   TORCH_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
               "gemm: a row stride is shorter than its row (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
@@ -289,12 +320,20 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
     blas_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
     return;
   }
+  // A few rows against a weight as Linear stores it (a decode step's last position): dot
+  // products along the weight's rows, where packing it transposed would copy as many
+  // floats as the product multiplies.
+  if (trans_b && !trans_a && M <= kDotRows) {
+    cpu::table().gemm_bt_rows(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+    return;
+  }
 #ifdef TINYLM_HAVE_LIBXSMM
   const bool small = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <=
                      policy.small_gemm_flops;
   // A larger product: tiles, which copy B into panels themselves (from either orientation).
   if (backend == GemmBackend::libxsmm && !small) {
-    if (!xsmm_tiled_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate))
+    TORCH_CHECK(!prepacked || packing == WeightPacking::panels, "gemm: a weight packed otherwise than in panels");
+    if (!xsmm_tiled_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, prepacked))
       blas_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);  // no kernel for a shape
     return;
   }
@@ -302,7 +341,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
   // libxsmm's single kernel and the hand kernel read B row by row: a transposed B is
   // copied first (the products here transpose only weight matrices: at most a few
   // percent of the product's time, K N copies against 2 M N K flops).
-  if (trans_b) {
+  if (trans_b && prepacked) {
+    TORCH_CHECK(packing == WeightPacking::transposed, "gemm: a weight packed otherwise than transposed");
+    B = prepacked;
+    ldb = N;
+  } else if (trans_b) {
     auto& packed = pack_buffer();
     packed.resize(static_cast<size_t>(K * N));
     transpose_into(B, N, K, ldb, packed.data());
@@ -314,6 +357,43 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
     return;  // else: no kernel for this shape, the hand kernel computes it
 #endif
   cpu::table().gemm(M, N, K, A, trans_a ? 1 : lda, trans_a ? lda : 1, B, ldb, C, ldc, accumulate);
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const KernelPolicy& policy) {
+  gemm_with(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy, nullptr, WeightPacking::none);
+}
+
+WeightPacking weight_packing(int64_t M, int64_t N, int64_t K, const KernelPolicy& policy) {
+  if (M <= kDotRows || N == 0 || K == 0 || policy.bf16_products) return WeightPacking::none;
+  const GemmBackend backend = policy.gemm_backend(M, N, K);
+  if (backend == GemmBackend::blas || !gemm_backend_available(backend)) return WeightPacking::none;
+#ifdef TINYLM_HAVE_LIBXSMM
+  const bool small = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) <=
+                     policy.small_gemm_flops;
+  if (backend == GemmBackend::libxsmm && !small) return WeightPacking::panels;
+#endif
+  return WeightPacking::transposed;
+}
+
+void pack_weight(WeightPacking packing, const float* B, int64_t N, int64_t K, int64_t ldb, float* out) {
+  TORCH_CHECK(packing != WeightPacking::none, "pack_weight: no packing to make");
+#ifdef TINYLM_HAVE_LIBXSMM
+  if (packing == WeightPacking::panels) return pack_transposed_panels(B, N, K, ldb, out);
+#else
+  TORCH_CHECK(packing == WeightPacking::transposed, "pack_weight: panels need libxsmm");
+#endif
+  transpose_into(B, N, K, ldb, out);
+}
+
+void gemm_prepacked(WeightPacking packing, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, const float* packed, float* C, int64_t ldc, bool accumulate,
+                    const KernelPolicy& policy) {
+  TORCH_CHECK(packed && packing == weight_packing(M, N, K, policy), "gemm_prepacked: the weight was packed for ",
+              "another product");
+  gemm_with(false, true, M, N, K, A, lda, B, ldb, C, ldc, accumulate, policy, packed, packing);
 }
 
 std::string cpu_kernels_description() {

@@ -6,6 +6,7 @@
 
 #include "nn/float_data.h"
 #include "nn/saved_policy.h"
+#include "nn/weight_packing.h"
 
 #include <tinylm/nn/cpu_kernels.h>
 
@@ -15,6 +16,7 @@
 #include <torch/nn/functional/linear.h>
 
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <unordered_map>
@@ -36,50 +38,84 @@ torch::Tensor rounded(const torch::Tensor& x) {
   return out;
 }
 
-/// The bfloat16 copy of each weight, made when a product first needs it and again only
-/// once the weight has changed (its version counter moved, or its data moved): rounded
-/// once per optimizer step in training, once in all in generation. Shared by every thread
-/// (a server's decode loops); an entry goes when its weight does.
-class RoundedWeights {
+/// What products make of a weight: its bfloat16 copy, or its copy packed for the float32
+/// products that read it transposed (weight_packing.h).
+enum class Copy { rounded, panels, transposed };
+
+/// Copies of weights, each made when a product first needs it and again only once the
+/// weight has changed (its version counter moved, or its data moved): a bfloat16 copy
+/// rounded once per optimizer step in training, once in all in generation; a packed copy
+/// once per weight while generating, where gemm would pack it for every token. Shared by
+/// every thread (a server's decode loops); an entry goes when its weight does. Past
+/// kKeptBytes of copies, a copy is made for its call alone.
+class WeightCopies {
  public:
-  torch::Tensor of(const torch::Tensor& w) {
-    // An inference tensor has no version counter to tell a change by: rounded every time.
-    if (w.is_inference()) return rounded(w);
+  static constexpr size_t kKeptBytes = size_t{512} << 20;
+
+  template <typename Make>
+  torch::Tensor of(const torch::Tensor& w, Copy kind, Make&& make) {
+    // An inference tensor has no version counter to tell a change by: copied every time.
+    if (w.is_inference()) return make();
     const auto version = w._version();
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto* key = w.unsafeGetTensorImpl();
+    const Key key{w.unsafeGetTensorImpl(), kind};
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.version == version && it->second.data == w.data_ptr() &&
-        it->second.rounded.sizes() == w.sizes())
-      return it->second.rounded;
+        it->second.shape == w.sizes().vec())
+      return it->second.copy;
     // Forget the weights that are gone (their keys could be reused only once their weak
-    // references here are dropped).
-    for (auto e = entries_.begin(); e != entries_.end();) e = e->second.owner.expired() ? entries_.erase(e) : std::next(e);
-    Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), version, w.data_ptr(), rounded(w)};
-    auto result = entry.rounded;
-    entries_.insert_or_assign(key, std::move(entry));
-    return result;
+    // references here are dropped) and this one's stale copy.
+    for (auto e = entries_.begin(); e != entries_.end();) {
+      if (!e->second.owner.expired() && e != it) {
+        ++e;
+        continue;
+      }
+      kept_ -= e->second.copy.nbytes();
+      e = entries_.erase(e);
+    }
+    auto copy = make();
+    if (kept_ + copy.nbytes() > kKeptBytes) return copy;
+    kept_ += copy.nbytes();
+    entries_.emplace(key, Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), version, w.data_ptr(),
+                                w.sizes().vec(), copy});
+    return copy;
   }
 
  private:
+  struct Key {
+    const c10::TensorImpl* impl;
+    Copy kind;
+    bool operator==(const Key& o) const { return impl == o.impl && kind == o.kind; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.impl) ^ (static_cast<size_t>(k.kind) << 1);
+    }
+  };
   struct Entry {
     c10::weak_intrusive_ptr<c10::TensorImpl> owner;
     int64_t version;
     const void* data;
-    torch::Tensor rounded;
+    std::vector<int64_t> shape;
+    torch::Tensor copy;
   };
   std::mutex mutex_;
-  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+  std::unordered_map<Key, Entry, KeyHash> entries_;
+  size_t kept_ = 0;
 };
 
-RoundedWeights& rounded_weights() {
-  static RoundedWeights* weights = new RoundedWeights();  // never destroyed: used by threads until exit
-  return *weights;
+WeightCopies& weight_copies() {
+  static WeightCopies* copies = new WeightCopies();  // never destroyed: used by threads until exit
+  return *copies;
+}
+
+torch::Tensor rounded_weight(const torch::Tensor& w) {
+  return weight_copies().of(w, Copy::rounded, [&] { return rounded(w); });
 }
 
 /// One Linear layer as an autograd op, its three products on tinylm's gemm as `policy`
 /// chooses, or with policy.bf16_products in bfloat16: x and dy rounded as they come, W once
-/// per change (rounded_weights), what the backward needs kept rounded (half the memory of
+/// per change (weight_copies), what the backward needs kept rounded (half the memory of
 /// x in float32), the sums and the gradients float32.
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
@@ -90,7 +126,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     RECORD_USER_SCOPE(bf16 ? "tinylm::linear_bf16" : "tinylm::linear");
     const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
     auto x2 = bf16 ? rounded(x.reshape({M, K})) : x.reshape({M, K}).contiguous();
-    auto w = bf16 ? rounded_weights().of(weight) : weight.contiguous();
+    auto w = bf16 ? rounded_weight(weight) : weight.contiguous();
     auto y = torch::empty({M, N}, x.options());
     const bool has_bias = bias.numel() > 0;  // (N), or (0) for none
     if (bf16) {  // the bias added in oneDNN's pass
@@ -151,7 +187,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
     // On CUDA (generation and serving): the product on the tensor cores, x and W rounded to
     // bfloat16 (W once per change), float32 sums rounded to bfloat16 as autocast's are,
     // then float32 again, the bias added in float32.
-    auto y = torch::matmul(rounded(x), rounded_weights().of(weight).t()).to(torch::kFloat32);
+    auto y = torch::matmul(rounded(x), rounded_weight(weight).t()).to(torch::kFloat32);
     return bias.defined() ? y.add_(bias) : y;
   }
   const bool fits = x.defined() && x.dim() >= 1 && x.device().is_cpu() && x.scalar_type() == torch::kFloat32 &&
@@ -161,6 +197,27 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
                                          bias.scalar_type() == torch::kFloat32 && bias.device().is_cpu()));
   if (!fits || !policy.linear_uses_gemm(x.numel() / x.size(-1), weight.size(0), weight.size(1)))
     return torch::nn::functional::linear(x, weight, bias);
+  // Without autograd (generation, evaluation): no node, and where the product copies the
+  // weight before multiplying, that copy kept from call to call while the weight is unchanged.
+  const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
+  const auto packing = weight_packing(M, N, K, policy);
+  if (!torch::GradMode::is_enabled() && packing != WeightPacking::none && weight.is_contiguous()) {
+    RECORD_USER_SCOPE("tinylm::linear");
+    const auto packed = weight_copies().of(weight, packing == WeightPacking::panels ? Copy::panels : Copy::transposed,
+                                           [&] {
+                                             auto out = torch::empty({N * K}, weight.options().requires_grad(false));
+                                             pack_weight(packing, floats(weight), N, K, K, floats(out));
+                                             return out;
+                                           });
+    const auto x2 = x.reshape({M, K}).contiguous();
+    auto y = torch::empty({M, N}, x.options().requires_grad(false));
+    if (bias.defined()) y.copy_(bias.expand({M, N}));
+    gemm_prepacked(packing, M, N, K, floats(x2), K, floats(weight), K, floats(packed), floats(y), N, bias.defined(),
+                   policy);
+    auto out_sizes = x.sizes().vec();
+    out_sizes.back() = N;
+    return y.view(out_sizes);
+  }
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
   return LinearFunction::apply(x, weight, b, policy)[0];

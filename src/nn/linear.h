@@ -13,8 +13,10 @@ namespace tinylm::nn {
 /// tinylm's gemm where policy.linear_uses_gemm says so for x's rows (float32 on the CPU),
 /// else through LibTorch's linear. The two agree to float32 rounding. With
 /// policy.bf16_products its three products run in bfloat16 (gemm_bf16) wherever x is
-/// float32 on the CPU, the weight rounded once per change of its version counter: what
-/// writes a weight through its data pointer must bump that counter.
+/// float32 on the CPU, the weight rounded once per change of its version counter; without
+/// autograd (generation, evaluation), a product that copies the weight before multiplying
+/// (transposed, or in panels) keeps that copy likewise. What writes a weight through its
+/// data pointer must bump that counter.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const KernelPolicy& policy);
 

@@ -53,7 +53,10 @@ TEST_CASE("every product backend computes op(A) op(B) as LibTorch does, with str
                                   // Above the small size: libxsmm's tiles, with a remainder
                                   // along every dimension (64 x 64 tiles, K steps of 256);
                                   // from 1024 rows B is copied into panels first.
-                                  std::make_tuple(200, 150, 300), std::make_tuple(1030, 70, 60));
+                                  std::make_tuple(200, 150, 300), std::make_tuple(1030, 70, 60),
+                                  // A few rows against a transposed B: dot products, with
+                                  // remainders of every vector width along K and of 4 along N.
+                                  std::make_tuple(2, 37, 45), std::make_tuple(4, 130, 300));
   const bool ta = GENERATE(false, true), tb = GENERATE(false, true), accumulate = GENERATE(false, true);
   INFO(to_string(backend) << " loops " << to_string(isa) << " M " << M << " N " << N << " K " << K
                           << " ta " << ta << " tb " << tb << " accumulate " << accumulate);

@@ -76,6 +76,29 @@ TEST_CASE("linear through tinylm's products: LibTorch's output and gradients to 
   if (bias) CHECK(max_diff(b.grad(), b2.grad()) < tol);
 }
 
+TEST_CASE("without autograd, linear keeps the weight's packed copy only while the weight is unchanged",
+          "[nn][linear]") {
+  const auto policies = own_product_policies();
+  const KernelPolicy policy = policies[GENERATE_COPY(range(size_t{0}, policies.size()))];
+  // Rows: a few (dot products, nothing packed), one tile, and tiles with remainders.
+  const int64_t rows = GENERATE(3, 64, 130);
+  INFO("backend " << to_string(policy.large_gemm) << " rows " << rows);
+  torch::manual_seed(rows);
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({rows, 300});
+  auto w = torch::randn({70, 300});
+  const auto b = torch::randn({70});
+  auto expect = [&] { return torch::nn::functional::linear(x, w, b); };
+  CHECK(max_diff(linear(x, w, b, policy), expect()) < 1e-3);
+  CHECK(max_diff(linear(x, w, b, policy), expect()) < 1e-3);  // the kept copy
+  w.mul_(-2.0);  // changed in place: its version counter moves
+  CHECK(max_diff(linear(x, w, b, policy), expect()) < 1e-3);
+  w.set_data(torch::randn({70, 300}));  // other storage
+  CHECK(max_diff(linear(x, w, b, policy), expect()) < 1e-3);
+  w = torch::randn({70, 300});  // the old tensor gone, a new one (perhaps at its address)
+  CHECK(max_diff(linear(x, w, b, policy), expect()) < 1e-3);
+}
+
 TEST_CASE("linear leaves to LibTorch what its policy does not send to tinylm's products",
           "[nn][linear]") {
   KernelPolicy off;

@@ -106,6 +106,11 @@ struct KernelTable {
                            int64_t capacity, int64_t Dh, float scale, float* scores);
   /// y[i] = x[i] as bfloat16 bits (round_to_bf16: to nearest, ties to even; NaN stays NaN).
   void (*round_bf16)(const float* x, uint16_t* y, int64_t n);
+  /// C (M x N) = A Bᵀ, or += with accumulate: A (M x K) and B (N x K) row-major with row
+  /// strides lda and ldb (a weight as Linear stores it), one dot product per entry: for a
+  /// few rows, where copying B transposed for gemm would cost as much as the product.
+  void (*gemm_bt_rows)(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                       float* C, int64_t ldc, bool accumulate);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
