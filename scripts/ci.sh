@@ -136,7 +136,7 @@ run_leg() {
   local leg=$1 t0 rc=0
   shift
   t0=$(date +%s)
-  echo "==== ci: $leg (budget $(( budget[$leg] / 60 )) min) ===="
+  echo "==== ci: $leg (budget $(printf "%d:%02d" $(( budget[$leg] / 60 )) $(( budget[$leg] % 60 )))) ===="
   export CCACHE_DIR; CCACHE_DIR=$(ccache_dir "$(store_of "$leg")")
   TINYLM_TIMINGS="$out/$leg.times" TINYLM_JUNIT="$out/$leg.xml" CCACHE_BASEDIR="$repo" \
     timeout --kill-after=30 $(( budget[$leg] * 2 )) "$@" > >(tee "$out/$leg.log") 2>&1 || rc=$?

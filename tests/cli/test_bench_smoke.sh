@@ -69,8 +69,11 @@ for product in ("qkv_forward", "qkv_grad_input", "qkv_grad_weight", "out_forward
     if not {"blas", "hand_generic", "libtorch"} <= got:
         print("FAIL: gemm_" + product, "lacks candidates:", got)
         sys.exit(1)
-shares = sum(r["value"] for r in lines if r["case"].startswith("p1_step_") and r["metric"] == "share")
-if abs(shares - 1) > 1e-6:
+parts = [r["value"] for r in lines if r["case"].startswith("p1_step_") and r["metric"] == "share"]
+shares = sum(parts)
+# Each share is printed to six significant digits, off by at most 5e-7: their sum is 1
+# within 1e-6 per part (a CI run once summed four to 1.0000014).
+if len(parts) < 3 or abs(shares - 1) > 1e-6 * len(parts):
     print("FAIL: the parts of a P1 step add up to", shares, "of it")
     sys.exit(1)
 ident = [r["value"] for r in lines if r["metric"] == "identical_tokens"]
