@@ -54,6 +54,25 @@ struct Layout {
   int64_t size() const { return P() + B * H * T * T; }
 };
 
+/// x (N, D) <- E[ids] + pe: each id checked against E's rows (V, D) first, position
+/// n % T's row of pe (T, D) added.
+void embed(const int64_t* id, int64_t N, int64_t T, int64_t D, const torch::Tensor& E, const float* pe, float* x) {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  for (int64_t n = 0; n < N; ++n) {
+    lo = std::min(lo, id[n]);
+    hi = std::max(hi, id[n]);
+  }
+  check_token_range("TinyAttentionLM", lo, hi, E.size(0));
+  const float* e = floats(E);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* er = e + id[n] * D;
+    const float* pr = pe + (n % T) * D;
+    float* xr = x + n * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
+  }
+}
+
 /// rows (N x n) <- bias in every row.
 void fill_rows(float* rows, const float* bias, int64_t N, int64_t n) {
   for (int64_t r = 0; r < N; ++r) std::copy(bias, bias + n, rows + r * n);
@@ -93,13 +112,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     const int64_t* id = ids.data_ptr<int64_t>();
     const int64_t* tg = targets.data_ptr<int64_t>();
 
-    // The ids' range and the targets', checked in passes over what the gather reads.
-    int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-    for (int64_t n = 0; n < N; ++n) {
-      lo = std::min(lo, id[n]);
-      hi = std::max(hi, id[n]);
-    }
-    check_token_range("TinyAttentionLM", lo, hi, rows);
+    // The targets' range (the ids' is embed()'s), checked before anything is computed.
     int64_t count = 0;
     for (int64_t n = 0; n < N; ++n) {
       TORCH_CHECK(tg[n] == ignore || (tg[n] >= 0 && tg[n] < V), "fused_tiny_lm_loss: target ",
@@ -111,16 +124,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     float* w = ws.data_ptr<float>();
     float *x = w + L.x(), *qkv = w + L.qkv(), *c = w + L.c(), *o = w + L.o(), *z = w + L.z(),
           *P = w + L.P();
-    {  // x = E[ids] + pe
-      const float *e = floats(E), *p = floats(pe);
-      for (int64_t n = 0; n < N; ++n) {
-        const float* er = e + id[n] * D;
-        const float* pr = p + (n % T) * D;
-        float* xr = x + n * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
-      }
-    }
+    embed(id, N, T, D, E, floats(pe), x);  // x = E[ids] + pe
     fill_rows(qkv, floats(bqkv), N, 3 * D);
     product(policy, false, true, N, 3 * D, D, x, D, floats(Wqkv), D, qkv, 3 * D, /*accumulate=*/true);
     const kernels::Dims s = kernels::make_dims(B, T, D, n_heads, /*causal=*/true);
@@ -219,12 +223,6 @@ torch::Tensor fused_tiny_lm_next_logits(const TinyLMTensors& m, const torch::Ten
   TORCH_CHECK(pe.dim() == 2 && pe.size(0) == T && pe.size(1) == D, "fused_tiny_lm_next_logits: positions must be (",
               T, ", ", D, "), got ", pe.sizes());
   const int64_t* id = ids.data_ptr<int64_t>();
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-  for (int64_t n = 0; n < N; ++n) {
-    lo = std::min(lo, id[n]);
-    hi = std::max(hi, id[n]);
-  }
-  check_token_range("TinyAttentionLM", lo, hi, E.size(0));
 
   // x (N, D), every position's keys and values kv (N, 2D) as [k | v], the last
   // positions' queries q (B, D), attention outputs c (B, D), projections o (B, D) and one
@@ -232,14 +230,7 @@ torch::Tensor fused_tiny_lm_next_logits(const TinyLMTensors& m, const torch::Ten
   thread_local std::vector<float> scratch;
   scratch.resize(static_cast<size_t>(N * 3 * D + 3 * B * D + T));
   float *x = scratch.data(), *kv = x + N * D, *q = kv + N * 2 * D, *c = q + B * D, *o = c + B * D, *score = o + B * D;
-  const float *e = floats(E), *p = floats(pe);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* er = e + id[n] * D;
-    const float* pr = p + (n % T) * D;
-    float* xr = x + n * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) xr[d] = er[d] + pr[d];
-  }
+  embed(id, N, T, D, E, floats(pe), x);
   // Wqkv's rows are [q | k | v]: the keys' and values' for every position, the queries'
   // for the last (its row of x at b * T + T - 1, a stride of T rows).
   const float *W = floats(Wqkv), *bias = floats(m.qkv_bias);

@@ -512,40 +512,40 @@ LMOutput TransformerLMImpl::forward(const torch::Tensor& ids, bool return_weight
   return out;
 }
 
-torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCache& cache) {
-  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
-  const int64_t Tn = ids.size(1), L = options.n_layers();
-  cache.keys.resize(L);
-  cache.values.resize(L);
-  auto x = token_embedding(ids);                                                 // (B, Tn, D)
-  if (learned_positions) x = x + learned_positions->rows(cache.length, Tn);
-  if (sinusoidal_positions) x = x + sinusoidal_positions->rows(cache.length, Tn);
-  for (int64_t l = 0; l < L; ++l) {
-    x = blocks[l]->as<TransformerBlock>()->forward_cached(x, cache.keys[l], cache.values[l]);
-  }
-  cache.length += Tn;
-  return linear(ln_f(x), lm_head_weight(), {}, *policy_);  // (B, Tn, V)
-}
+namespace {
 
-torch::Tensor TransformerLMImpl::next_logits(const torch::Tensor& ids, KVCache* cache) {
-  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
-  const int64_t Tn = ids.size(1), L = options.n_layers();
+/// The blocks of `m` over new tokens ids (B, Tn) that follow the cache's, the cache
+/// extended: the final norm's input (B, Tn, D), or with next_only (B, 1, D) for the last
+/// position alone (the last block makes every key and value, the rest for that position
+/// only). Without a cache (next_only), the blocks before the last run the kernels
+/// forward() picks.
+torch::Tensor cached_blocks(TransformerLMImpl& m, const torch::Tensor& ids, KVCache* cache, bool next_only) {
+  check_token_ids("TransformerLM", ids, m.options.vocab_size(), m.options.context_length());
+  const int64_t Tn = ids.size(1), L = m.options.n_layers();
   KVCache scratch;
   KVCache& c = cache ? *cache : scratch;
   c.keys.resize(L);
   c.values.resize(L);
-  auto x = token_embedding(ids);                                                 // (B, Tn, D)
-  if (learned_positions) x = x + learned_positions->rows(c.length, Tn);
-  if (sinusoidal_positions) x = x + sinusoidal_positions->rows(c.length, Tn);
+  auto x = m.token_embedding(ids);                                               // (B, Tn, D)
+  if (m.learned_positions) x = x + m.learned_positions->rows(c.length, Tn);
+  if (m.sinusoidal_positions) x = x + m.sinusoidal_positions->rows(c.length, Tn);
   for (int64_t l = 0; l < L; ++l) {
-    const auto& block = blocks[l]->as<TransformerBlock>();
-    // Without a cache, the blocks before the last run the kernels forward() picks; the
-    // last makes every key and value but the rest for the last position alone.
-    if (!cache && l + 1 < L) x = block->forward(x).output;                         // (B, Tn, D)
-    else x = block->forward_cached(x, c.keys[l], c.values[l], /*last_only=*/l + 1 == L);
+    const auto& block = m.blocks[l]->as<TransformerBlock>();
+    if (!cache && l + 1 < L) x = block->forward(x).output;  // (B, Tn, D)
+    else x = block->forward_cached(x, c.keys[l], c.values[l], /*last_only=*/next_only && l + 1 == L);
   }
   c.length += Tn;
-  return linear(ln_f(x), lm_head_weight(), {}, *policy_).select(1, 0);  // (B, V)
+  return x;
+}
+
+}  // namespace
+
+torch::Tensor TransformerLMImpl::forward_cached(const torch::Tensor& ids, KVCache& cache) {
+  return linear(ln_f(cached_blocks(*this, ids, &cache, false)), lm_head_weight(), {}, *policy_);  // (B, Tn, V)
+}
+
+torch::Tensor TransformerLMImpl::next_logits(const torch::Tensor& ids, KVCache* cache) {
+  return linear(ln_f(cached_blocks(*this, ids, cache, true)), lm_head_weight(), {}, *policy_).select(1, 0);  // (B, V)
 }
 
 torch::Tensor TransformerLMImpl::forward_rows(const torch::Tensor& ids, KVCache& cache) {
