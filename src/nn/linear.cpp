@@ -4,22 +4,27 @@
 //   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
 #include "nn/linear.h"
 
+#include "nn/cpu/kernels.h"
 #include "nn/float_data.h"
 #include "nn/saved_policy.h"
 #include "nn/weight_packing.h"
 
 #include <tinylm/nn/cpu_kernels.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/types.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/linear.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iterator>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tinylm::nn {
@@ -36,6 +41,33 @@ torch::Tensor rounded(const torch::Tensor& x) {
   auto out = torch::empty(c.sizes(), c.options().dtype(torch::kBFloat16).requires_grad(false));
   round_to_bf16(c.data_ptr<float>(), bits(out), c.numel());
   return out;
+}
+
+/// dy (M x N) rounded as rounded() rounds it, and its column sums (a bias gradient, N) in
+/// the same pass: blocks of kRows rows over the threads, each block's sums in row order,
+/// the blocks' added in block order (the same sums at every thread count).
+std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy) {
+  constexpr int64_t kRows = 32;
+  const auto c = dy.contiguous();
+  const int64_t M = c.size(0), N = c.size(1), blocks = (M + kRows - 1) / kRows;
+  auto out = torch::empty({M, N}, c.options().dtype(torch::kBFloat16).requires_grad(false));
+  auto partial = torch::zeros({blocks, N}, c.options().requires_grad(false));
+  const auto kernel = cpu::table().round_bf16_colsum;
+  const float* x = c.data_ptr<float>();
+  uint16_t* y = bits(out);
+  float* sums = partial.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t row = b * kRows, rows = std::min(kRows, M - row);
+      kernel(x + row * N, y + row * N, rows, N, sums + b * N);
+    }
+  });
+  auto total = torch::empty({N}, c.options().requires_grad(false));
+  float* t = total.data_ptr<float>();
+  std::copy_n(sums, N, t);
+  for (int64_t b = 1; b < blocks; ++b)
+    for (int64_t j = 0; j < N; ++j) t[j] += sums[b * N + j];
+  return {out, total};
 }
 
 /// What products make of a weight: its bfloat16 copy, or its copy packed for the float32
@@ -154,7 +186,13 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
     const KernelPolicy policy = saved_policy(ctx);
     auto dy = grads[0].reshape({M, N}).contiguous();
-    const auto dy_operand = policy.bf16_products ? rounded(dy) : dy;
+    const bool bias_grad = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    torch::Tensor dy_operand = dy, db;
+    if (policy.bf16_products && bias_grad && dy.device().is_cpu())
+      std::tie(dy_operand, db) = rounded_with_column_sums(dy);  // one pass over dy, not two
+    else if (policy.bf16_products)
+      dy_operand = rounded(dy);
+    if (bias_grad && !db.defined()) db = dy.sum(0);
     // C (rows x cols) = op(A) B, A stored as the gemm takes it: float32 or bfloat16 operands.
     auto product = [&](bool trans_a, int64_t rows, int64_t cols, int64_t inner, const torch::Tensor& A, int64_t lda,
                        const torch::Tensor& B, torch::Tensor& C) {
@@ -163,7 +201,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       else
         nn::gemm(trans_a, false, rows, cols, inner, floats(A), lda, floats(B), cols, floats(C), cols, false, policy);
     };
-    torch::Tensor dx, dw, db;
+    torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
       dx = torch::empty({M, K}, dy.options());
       product(false, M, K, N, dy_operand, N, w, dx);  // dx = dy W
@@ -173,7 +211,6 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       dw = torch::empty({N, K}, dy.options());
       product(true, N, K, M, dy_operand, N, x, dw);  // dW = dyᵀ x
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db, torch::Tensor()};
   }
 };

@@ -295,3 +295,27 @@ TEST_CASE("the decode loops attend each row over its own cached positions, as Li
       CHECK((out[b][h].to(torch::kDouble) - w.matmul(V)).abs().max().item<double>() < 1e-5);
     }
 }
+
+TEST_CASE("rounding a gradient with its column sums: round_bf16's bits and row-order float sums",
+          "[nn][bf16]") {
+  const auto* table = GENERATE(from_range(runnable_tables()));
+  const int64_t cols = GENERATE(1, 16, 37);
+  INFO(table->isa << ", " << cols << " columns");
+  const int64_t rows = 5;
+  torch::manual_seed(3);
+  auto x = torch::randn({rows, cols});
+  float* px = x.data_ptr<float>();
+  px[cols / 2] = std::numeric_limits<float>::quiet_NaN();  // rounded as round_bf16 keeps it
+  std::vector<uint16_t> want(rows * cols), got(rows * cols, 0);
+  table->round_bf16(px, want.data(), rows * cols);
+  std::vector<float> sums(cols, 1.0f), expect(cols, 1.0f);  // added into, not overwritten
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) expect[j] += px[r * cols + j];
+  table->round_bf16_colsum(px, got.data(), rows, cols, sums.data());
+  CHECK(got == want);
+  for (int64_t j = 0; j < cols; ++j) {
+    INFO("column " << j);
+    if (j == cols / 2) CHECK(std::isnan(sums[j]));
+    else CHECK(sums[j] == expect[j]);
+  }
+}

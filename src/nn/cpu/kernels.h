@@ -111,6 +111,9 @@ struct KernelTable {
   /// few rows, where copying B transposed for gemm would cost as much as the product.
   void (*gemm_bt_rows)(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                        float* C, int64_t ldc, bool accumulate);
+  /// rows x cols floats (packed) to bfloat16 bits as round_bf16 rounds them, and each
+  /// column's float32 sum over the rows, in row order, added into colsum (cols floats).
+  void (*round_bf16_colsum)(const float* x, uint16_t* y, int64_t rows, int64_t cols, float* colsum);
 };
 
 /// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
