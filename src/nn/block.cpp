@@ -2,7 +2,6 @@
 // B = batch, T = sequence length, D = d_model, e = mlp expansion
 #include <tinylm/nn/block.h>
 #include <tinylm/log.h>
-#include "nn/gelu.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 
@@ -87,15 +86,16 @@ void FeedForwardImpl::pretty_print(std::ostream& os) const {
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   const KernelPolicy& policy = *options.kernel_policy();
-  auto a = linear(x, fc->weight, fc->bias, policy);  // (B, T, F), SwiGLU (B, T, 2F)
-  torch::Tensor h;                                    // (B, T, F)
+  torch::Tensor y;  // (B, T, D)
   if (options.activation() == Activation::swiglu) {
+    auto a = linear(x, fc->weight, fc->bias, policy);  // (B, T, 2F)
     auto gate_up = a.chunk(2, /*dim=*/-1);
-    h = torch::silu(gate_up[0]) * gate_up[1];
-  } else {
-    h = gelu(a, options.activation() == Activation::gelu, policy);
+    y = linear(torch::silu(gate_up[0]) * gate_up[1], proj->weight, proj->bias, policy);
+  } else {  // fc, GELU, proj: one op with bfloat16 products (linear.h)
+    y = linear_gelu_linear(x, fc->weight, fc->bias, proj->weight, proj->bias,
+                           options.activation() == Activation::gelu, policy);
   }
-  return torch::dropout(linear(h, proj->weight, proj->bias, policy), options.dropout(), is_training());    // (B, T, D)
+  return torch::dropout(y, options.dropout(), is_training());
 }
 
 // ---- TransformerBlock ----------------------------------------------------------

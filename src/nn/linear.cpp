@@ -6,6 +6,7 @@
 
 #include "nn/cpu/kernels.h"
 #include "nn/float_data.h"
+#include "nn/gelu.h"
 #include "nn/saved_policy.h"
 #include "nn/weight_packing.h"
 
@@ -45,21 +46,34 @@ torch::Tensor rounded(const torch::Tensor& x) {
 
 /// dy (M x N) rounded as rounded() rounds it, and its column sums (a bias gradient, N) in
 /// the same pass: blocks of kRows rows over the threads, each block's sums in row order,
-/// the blocks' added in block order (the same sums at every thread count).
-std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy) {
-  constexpr int64_t kRows = 32;
+/// the blocks' added in block order (the same sums at every thread count). With `gelu_of`
+/// (M x N, what GELU was given), dy is first multiplied by GELU's slope there, block by
+/// block in a buffer of the thread's: the gradient that reaches GELU's input, never
+/// written out in float32.
+constexpr int64_t kSumRows = 32;
+
+std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy,
+                                                                 const torch::Tensor& gelu_of = {},
+                                                                 bool exact = true) {
   const auto c = dy.contiguous();
-  const int64_t M = c.size(0), N = c.size(1), blocks = (M + kRows - 1) / kRows;
+  const int64_t M = c.size(0), N = c.size(1), blocks = (M + kSumRows - 1) / kSumRows;
   auto out = torch::empty({M, N}, c.options().dtype(torch::kBFloat16).requires_grad(false));
   auto partial = torch::zeros({blocks, N}, c.options().requires_grad(false));
-  const auto kernel = cpu::table().round_bf16_colsum;
+  const auto& table = cpu::table();
   const float* x = c.data_ptr<float>();
+  const float* pre = gelu_of.defined() ? gelu_of.data_ptr<float>() : nullptr;
   uint16_t* y = bits(out);
   float* sums = partial.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> slope(pre ? static_cast<size_t>(kSumRows * N) : 0);
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t row = b * kRows, rows = std::min(kRows, M - row);
-      kernel(x + row * N, y + row * N, rows, N, sums + b * N);
+      const int64_t row = b * kSumRows, rows = std::min(kSumRows, M - row);
+      const float* from = x + row * N;
+      if (pre) {
+        table.gelu_backward(pre + row * N, from, slope.data(), rows * N, exact);
+        from = slope.data();
+      }
+      table.round_bf16_colsum(from, y + row * N, rows, N, sums + b * N);
     }
   });
   auto total = torch::empty({N}, c.options().requires_grad(false));
@@ -68,6 +82,25 @@ std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Te
   for (int64_t b = 1; b < blocks; ++b)
     for (int64_t j = 0; j < N; ++j) t[j] += sums[b * N + j];
   return {out, total};
+}
+
+/// gelu(a) rounded to bfloat16 (M x N, packed), GELU's float32 result kept only a chunk at
+/// a time in a buffer of the thread's.
+torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
+  constexpr int64_t kChunk = 4096;
+  auto out = torch::empty(a.sizes(), a.options().dtype(torch::kBFloat16).requires_grad(false));
+  const auto& table = cpu::table();
+  const float* in = a.data_ptr<float>();
+  uint16_t* y = bits(out);
+  at::parallel_for(0, a.numel(), 4 * kChunk, [&](int64_t begin, int64_t end) {
+    float buffer[kChunk];
+    for (int64_t i = begin; i < end; i += kChunk) {
+      const int64_t n = std::min(kChunk, end - i);
+      table.gelu_forward(in + i, buffer, n, exact);
+      table.round_bf16(buffer, y + i, n);
+    }
+  });
+  return out;
 }
 
 /// What products make of a weight: its bfloat16 copy, or its copy packed for the float32
@@ -215,6 +248,78 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+/// fc, GELU, proj as one autograd op with bfloat16 products (linear_gelu_linear): the
+/// same arithmetic as LinearFunction, gelu and LinearFunction again, without GELU's
+/// float32 output or its float32 gradient ever written out: GELU's result is rounded to
+/// bfloat16 as it is made (what proj multiplies and keeps), and its gradient is rounded
+/// (and summed for fc's bias) as it is made.
+class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& w1, const torch::Tensor& b1,
+                                                const torch::Tensor& w2, const torch::Tensor& b2, bool exact) {
+    RECORD_USER_SCOPE("tinylm::linear_bf16");
+    const int64_t D = w1.size(1), F = w1.size(0), N = w2.size(0), M = x.numel() / D;
+    auto x2 = rounded(x.reshape({M, D}));
+    auto fc = rounded_weight(w1), proj = rounded_weight(w2);
+    auto a = torch::empty({M, F}, x.options().requires_grad(false));  // GELU's input
+    const auto bias1 = b1.numel() > 0 ? b1.contiguous() : b1, bias2 = b2.numel() > 0 ? b2.contiguous() : b2;
+    nn::gemm_bf16(false, true, M, F, D, bits(x2), D, bits(fc), D, floats(a), F, false,
+                  b1.numel() > 0 ? bias1.data_ptr<float>() : nullptr);
+    torch::Tensor h;
+    {
+      RECORD_USER_SCOPE("tinylm::gelu");
+      h = gelu_rounded(a, exact);  // (M, F) bfloat16
+    }
+    auto y = torch::empty({M, N}, x.options());
+    nn::gemm_bf16(false, true, M, N, F, bits(h), F, bits(proj), F, floats(y), N, false,
+                  b2.numel() > 0 ? bias2.data_ptr<float>() : nullptr);
+    ctx->save_for_backward({x2, fc, a, h, proj});
+    ctx->saved_data["exact"] = exact;
+    ctx->saved_data["bias1"] = b1.numel() > 0;
+    ctx->saved_data["bias2"] = b2.numel() > 0;
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    auto out_sizes = x.sizes().vec();
+    out_sizes.back() = N;
+    return {y.view(out_sizes)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_USER_SCOPE("tinylm::linear_bf16_backward");
+    auto saved = ctx->get_saved_variables();
+    const auto &x2 = saved[0], &fc = saved[1], &a = saved[2], &h = saved[3], &proj = saved[4];
+    const int64_t M = x2.size(0), D = x2.size(1), F = fc.size(0), N = proj.size(0);
+    auto dy = grads[0].reshape({M, N}).contiguous();
+    torch::Tensor dy16, db2, da16, db1, dx, dw1, dw2;
+    if (ctx->saved_data["bias2"].toBool() && ctx->needs_input_grad(4))
+      std::tie(dy16, db2) = rounded_with_column_sums(dy);
+    else
+      dy16 = rounded(dy);
+    if (ctx->needs_input_grad(3)) {  // dW2 = dyᵀ h
+      dw2 = torch::empty({N, F}, dy.options());
+      nn::gemm_bf16(true, false, N, F, M, bits(dy16), N, bits(h), F, floats(dw2), F, false);
+    }
+    auto dh = torch::empty({M, F}, dy.options());  // dh = dy W2
+    nn::gemm_bf16(false, false, M, F, N, bits(dy16), N, bits(proj), F, floats(dh), F, false);
+    {
+      RECORD_USER_SCOPE("tinylm::gelu_backward");
+      std::tie(da16, db1) = rounded_with_column_sums(dh, a, ctx->saved_data["exact"].toBool());
+    }
+    if (!(ctx->saved_data["bias1"].toBool() && ctx->needs_input_grad(2))) db1 = torch::Tensor();
+    if (ctx->needs_input_grad(1)) {  // dW1 = daᵀ x
+      dw1 = torch::empty({F, D}, dy.options());
+      nn::gemm_bf16(true, false, F, D, M, bits(da16), F, bits(x2), D, floats(dw1), D, false);
+    }
+    if (ctx->needs_input_grad(0)) {  // dx = da W1
+      dx = torch::empty({M, D}, dy.options());
+      nn::gemm_bf16(false, false, M, D, F, bits(da16), F, bits(fc), D, floats(dx), D, false);
+      dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    return {dx, dw1, db1, dw2, db2, torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -258,6 +363,31 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
   return LinearFunction::apply(x, weight, b, policy)[0];
+}
+
+}  // namespace tinylm::nn
+
+namespace tinylm::nn {
+
+bool linear_gelu_linear_fused(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                              const torch::Tensor& w2, const torch::Tensor& b2, const KernelPolicy& policy) {
+  auto cpu_float = [](const torch::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
+  };
+  return policy.bf16_products && policy.gelu_loops && torch::GradMode::is_enabled() && cpu_float(x) &&
+         x.dim() >= 1 && x.numel() > 0 && cpu_float(w1) && cpu_float(w2) && w1.dim() == 2 && w2.dim() == 2 &&
+         x.size(-1) == w1.size(1) && w2.size(1) == w1.size(0) && (!b1.defined() || (cpu_float(b1) &&
+         b1.dim() == 1 && b1.size(0) == w1.size(0))) && (!b2.defined() || (cpu_float(b2) && b2.dim() == 1 &&
+         b2.size(0) == w2.size(0)));
+}
+
+torch::Tensor linear_gelu_linear(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                                 const torch::Tensor& w2, const torch::Tensor& b2, bool exact,
+                                 const KernelPolicy& policy) {
+  if (!linear_gelu_linear_fused(x, w1, b1, w2, b2, policy))
+    return linear(gelu(linear(x, w1, b1, policy), exact, policy), w2, b2, policy);
+  const auto none = torch::empty({0}, w1.options());  // LibTorch 1.13's apply: no undefined tensors
+  return Bf16GeluMlp::apply(x, w1, b1.defined() ? b1 : none, w2, b2.defined() ? b2 : none, exact)[0];
 }
 
 }  // namespace tinylm::nn

@@ -20,4 +20,14 @@ namespace tinylm::nn {
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const KernelPolicy& policy);
 
+/// linear(gelu(linear(x, w1, b1), exact), w2, b2): a feed-forward's three ops. Where
+/// linear_gelu_linear_fused says so (bfloat16 products, GELU's loops, autograd on, float32
+/// on the CPU) one autograd op with the same arithmetic, bit for bit, that never writes
+/// GELU's output or its gradient in float32; elsewhere the three ops.
+torch::Tensor linear_gelu_linear(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                                 const torch::Tensor& w2, const torch::Tensor& b2, bool exact,
+                                 const KernelPolicy& policy);
+bool linear_gelu_linear_fused(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                              const torch::Tensor& w2, const torch::Tensor& b2, const KernelPolicy& policy);
+
 }  // namespace tinylm::nn

@@ -262,3 +262,56 @@ TEST_CASE("a transformer with bfloat16 products trains near its float32 self", "
     CHECK(max_diff(grads[0][i], grads[1][i]) < 0.05 * scale + 1e-6);
   }
 }
+
+TEST_CASE("fc, GELU and proj as one bfloat16 op: the three ops' output and gradients, bit for bit",
+          "[nn][linear][bf16][gelu]") {
+  if (bf16_refused_here()) return;
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  const bool exact = GENERATE(true, false);
+  const bool bias = GENERATE(true, false);
+  const int64_t rows = GENERATE(1, 45, 64);  // 45: a last block of 13 rows (blocks of 32)
+  INFO("exact " << exact << " bias " << bias << " rows " << rows);
+  torch::manual_seed(5);
+  const int64_t D = 24, F = 72, N = 24;
+  auto x = torch::randn({2, rows, D});
+  auto w1 = torch::randn({F, D}) * 0.3, w2 = torch::randn({N, F}) * 0.2;
+  auto b1 = bias ? torch::randn({F}) : torch::Tensor(), b2 = bias ? torch::randn({N}) : torch::Tensor();
+  auto upstream = torch::randn({2, rows, N});
+  std::vector<torch::Tensor> outputs, grads;
+  for (int fused = 0; fused < 2; ++fused) {
+    std::vector<torch::Tensor> leaves = {x.clone().requires_grad_(), w1.clone().requires_grad_(),
+                                         w2.clone().requires_grad_()};
+    if (bias) {
+      leaves.push_back(b1.clone().requires_grad_());
+      leaves.push_back(b2.clone().requires_grad_());
+    }
+    const auto& lb1 = bias ? leaves[3] : b1;
+    const auto& lb2 = bias ? leaves[4] : b2;
+    REQUIRE(linear_gelu_linear_fused(leaves[0], leaves[1], lb1, leaves[2], lb2, policy));
+    const auto before = kernel_counts();
+    auto y = fused ? linear_gelu_linear(leaves[0], leaves[1], lb1, leaves[2], lb2, exact, policy)
+                   : linear(gelu(linear(leaves[0], leaves[1], lb1, policy), exact, policy), leaves[2], lb2, policy);
+    y.backward(upstream);
+    CHECK((kernel_counts() - before).gemm_bf16 == 6);  // two forward, four backward
+    outputs.push_back(y.detach());
+    for (const auto& leaf : leaves) grads.push_back(leaf.grad());
+  }
+  CHECK(torch::equal(outputs[0], outputs[1]));
+  const size_t n = grads.size() / 2;
+  for (size_t i = 0; i < n; ++i) {
+    INFO("gradient " << i);
+    CHECK(torch::equal(grads[i], grads[n + i]));
+  }
+  // And it is bfloat16 arithmetic: not float32's output.
+  auto exact32 = torch::nn::functional::linear(
+      torch::gelu(torch::nn::functional::linear(x, w1, b1), exact ? "none" : "tanh"), w2, b2);
+  CHECK(max_diff(outputs[1], exact32) > 0);
+  CHECK(max_diff(outputs[1], exact32) < 0.1);
+  // Not taken without autograd (generation keeps the layers' own copies) or in float32.
+  {
+    torch::NoGradGuard no_grad;
+    CHECK_FALSE(linear_gelu_linear_fused(x, w1, b1, w2, b2, policy));
+  }
+  CHECK_FALSE(linear_gelu_linear_fused(x, w1, b1, w2, b2, KernelPolicy{}));
+}
