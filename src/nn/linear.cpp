@@ -103,6 +103,13 @@ torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
   return out;
 }
 
+/// y (M x N) viewed with x's leading dimensions: (..., N) for x (..., K).
+torch::Tensor rows_as(const torch::Tensor& y, const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = y.size(-1);
+  return y.view(sizes);
+}
+
 /// What products make of a weight: its bfloat16 copy, or its copy packed for the float32
 /// products that read it transposed (weight_packing.h).
 enum class Copy { rounded, panels, transposed };
@@ -206,9 +213,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     save_policy(ctx, policy);
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = N;
-    return {y.view(out_sizes)};
+    return {rows_as(y, x)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -279,9 +284,7 @@ class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
     ctx->saved_data["bias1"] = b1.numel() > 0;
     ctx->saved_data["bias2"] = b2.numel() > 0;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = N;
-    return {y.view(out_sizes)};
+    return {rows_as(y, x)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -356,9 +359,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
     if (bias.defined()) y.copy_(bias.expand({M, N}));
     gemm_prepacked(packing, M, N, K, floats(x2), K, floats(weight), K, floats(packed), floats(y), N, bias.defined(),
                    policy);
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = N;
-    return y.view(out_sizes);
+    return rows_as(y, x);
   }
   // LibTorch 1.13's Function::apply cannot take an undefined tensor: no bias is an empty one.
   const torch::Tensor b = bias.defined() ? bias : torch::empty({0}, weight.options());
