@@ -262,6 +262,49 @@ def curve_text(records):
             f"(tolerance {b['tolerance']:g}).\n")
 
 
+def rest_of_step_text(records):
+    """Issue 51's target as time: per round, what tinylm's step takes outside its linear
+    products (its step less the products alone, the bench's products_ms) and what it may
+    take at most to be half of the way from PyTorch to the ceiling (PyTorch's step over
+    (1 + the most any program could lead by) / 2, less the same products), in ms a step;
+    the medians of the rounds. Empty where the records lack the products' time."""
+    by_round = {}
+    for r in records:
+        if "round" in r:
+            by_round.setdefault((r["case"], r["metric"], r["round"]), r)
+    rows = []
+    for case in ["p1", "p2", "nanogpt", "gpt2"]:
+        train = [r for r in records if r["case"] == f"{case}_bf16" and r["metric"] in ("train_tokens_per_s",
+                                                                                      "ms_per_iter")]
+        if not train:
+            continue
+        config = train[0]["config"]
+        per_step = 1 if train[0]["metric"] == "ms_per_iter" else config["batch"] * config["seq"]
+        now, allowed = [], []
+        for (c, metric, rnd), ratio in sorted(by_round.items(), key=lambda kv: kv[0][2]):
+            if (c, metric) != (f"{case}_bf16_ratio", "tinylm_bf16_over_pytorch_best"):
+                continue
+            lead = by_round.get((f"{case}_bf16_ceiling", "most_possible_lead", rnd))
+            own = by_round.get((f"{case}_bf16_ceiling", "most_lead_on_tinylm_products", rnd))
+            if not (lead and own):
+                continue
+            alone = own["products_seconds_per_unit"]
+            half = (1.0 + lead["value"]) / 2
+            now.append(1e3 * per_step * (1.0 / ratio["tinylm_bf16"] - alone))
+            allowed.append(1e3 * per_step * (1.0 / (ratio["pytorch"] * half) - alone))
+        if now:
+            mid = lambda v: sorted(v)[len(v) // 2]
+            rows.append([CASE_NAMES.get(case, case), f"{mid(now):.1f}", f"{mid(allowed):.1f}",
+                         f"{mid(now) / mid(allowed):.2f}×" if mid(allowed) > 0 else "nothing is left"])
+    if not rows:
+        return ""
+    return ("\nThe same target as time: what tinylm's step takes outside its linear products (the step less "
+            "those products alone, `products_ms`), and the most it may take there for tinylm to be half of the "
+            "way (PyTorch's step over the target's lead, less the same products), ms a step, medians of the "
+            "rounds:\n\n" + table(["case", "outside the products now", "allowed for half of the way",
+                                   "now / allowed"], rows))
+
+
 def bf16_block(file):
     """A bench_pytorch.py --bf16 run: tinylm with bfloat16 products against tinylm float32
     and against PyTorch at its best (float32 or CPU autocast), each as the median of the
@@ -319,6 +362,7 @@ def bf16_block(file):
             rows = [row + c for row, c in zip(rows, ceilings)]
         text = (provenance(meta, meta["command"]) + "; tinylm at 2 threads, PyTorch at its best thread setting and "
                 "precision, rates the medians of the rounds:\n\n" + table(header, rows))
+        text += rest_of_step_text(records)
         if peak:
             text += (f"\nThe bfloat16 matmul peak (oneDNN, 1024³) was **{median_of(peak):.2f}×** the best float32 "
                      f"peak in the same runs (median of {len(peak)}).\n")
