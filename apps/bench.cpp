@@ -716,11 +716,13 @@ void bench_decode(bool quick) {
 void bench_attention(bool quick) {
   struct Size { int64_t B, T, D, H; };
   std::vector<Size> sizes = {{16, 12, 32, 4}, {16, 64, 128, 4}, {16, 128, 256, 8}, {8, 256, 256, 8}};
-  if (quick) sizes = {{2, 12, 32, 4}};
+  if (g_bf16) sizes = {{12, 64, 128, 4}, {16, 128, 256, 8}, {4, 256, 768, 12}};  // nanoGPT's, P2's, GPT-2's
+  if (quick) sizes = {g_bf16 ? Size{2, 16, 32, 2} : Size{2, 12, 32, 4}};  // bfloat16's: T, Dh multiples of 16
   struct Kernel {
     nn::AttentionKernel kernel;
     const char* name;
     int64_t blas_from;  // the fused kernel's T x T products through BLAS from this length
+    bool bf16 = false, bf16_attention = false;  // the policy's bf16_products and bf16_attention
   };
   const int64_t policy_blas_from = nn::KernelPolicy{}.attention_blas_min_seq_len;
   std::vector<Kernel> kernels = {{nn::AttentionKernel::plain, "manual", policy_blas_from},
@@ -728,6 +730,13 @@ void bench_attention(bool quick) {
                                  {nn::AttentionKernel::fused, "fused_loops", INT64_MAX},
                                  {nn::AttentionKernel::fused, "fused_blas", 1}};
   if (nn::sdpa_available()) kernels.push_back({nn::AttentionKernel::sdpa, "sdpa", policy_blas_from});
+  // --bf16: the fused kernel with bfloat16 projections (bf16_products), its T x T products
+  // in float32 (bf16_attention false: "bf16_linears") and in bfloat16 ("bf16"), at the
+  // training cases' sizes; the ratio is attention_bf16_vs_bf16_linears.
+  if (g_bf16)
+    kernels = {{nn::AttentionKernel::fused, "bf16_linears", policy_blas_from, true, false},
+               {nn::AttentionKernel::fused, "bf16", policy_blas_from, true, true}};
+  const std::string base = g_bf16 ? "bf16_linears" : "fused";
   for (const auto& z : sizes) {
     const Json size = {{"B", z.B}, {"T", z.T}, {"D", z.D}, {"H", z.H}};
     std::map<std::string, double> median;
@@ -738,6 +747,8 @@ void bench_attention(bool quick) {
         torch::manual_seed(0);
         nn::KernelPolicy policy;
         policy.attention_blas_min_seq_len = k.blas_from;
+        policy.bf16_products = k.bf16;
+        policy.bf16_attention = k.bf16_attention;
         nn::MultiHeadSelfAttention attn(
             nn::MultiHeadSelfAttentionOptions(z.D, z.H, z.T).kernel(k.kernel).kernel_policy(std::make_shared<const nn::KernelPolicy>(policy)));
         auto x = torch::randn({z.B, z.T, z.D}, torch::requires_grad());
@@ -754,14 +765,18 @@ void bench_attention(bool quick) {
           Json config = size;
           config["path"] = k.name;
           config["blas_from_seq_len"] = k.blas_from == INT64_MAX ? -1 : k.blas_from;
+          if (g_bf16) config["t_by_t_products"] = k.bf16_attention ? "bfloat16" : "float32";
           emit(std::string("attention_") + k.name, "fwd_bwd_per_s", "calls/s", 1.0, mean, config);
         }
       }
     }
     for (const auto& k : kernels) {
-      if (std::string(k.name) == "fused") continue;
-      emit_value(std::string("attention_fused_vs_") + k.name, "speedup", "x",
-                 median[k.name] / median["fused"], size);
+      if (k.name == base) continue;
+      if (g_bf16)  // how much faster bfloat16 T x T products make the whole call
+        emit_value(std::string("attention_") + k.name + "_vs_" + base, "speedup", "x", median[base] / median[k.name],
+                   size);
+      else
+        emit_value("attention_fused_vs_" + std::string(k.name), "speedup", "x", median[k.name] / median["fused"], size);
     }
   }
 }
@@ -1237,8 +1252,10 @@ int run_bench(const BenchArgs& a) {
                       item == "decode" || item == "gpt2",
                   "unknown bench case '", item,
                   "': use peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, gpt2, arch, decode (comma-separated)");
-      TORCH_CHECK(!a.bf16 || item == "p1" || item == "p2" || item == "nanogpt" || item == "gpt2", "--bf16 trains in "
-                  "bfloat16, and case '", item, "' trains nothing: give --cases from p1, p2, nanogpt, gpt2");
+      TORCH_CHECK(!a.bf16 || item == "p1" || item == "p2" || item == "nanogpt" || item == "gpt2" ||
+                      item == "attention",
+                  "--bf16 trains in bfloat16 (or runs attention's bfloat16 kernel), and case '", item,
+                  "' has no bfloat16 form: give --cases from p1, p2, nanogpt, gpt2, attention");
     }
   }
   g_bf16 = a.bf16;

@@ -13,7 +13,7 @@ Command add_bench(CLI::App& app) {
   bench_cmd->add_option("--cases", bench_args.cases, "comma-separated: peak, p1, p2, p3, attention, gemm, dp, data, nanogpt, gpt2, arch, decode")
       ->capture_default_str();
   bench_cmd->add_flag("--bf16", bench_args.bf16,
-                      "train with bfloat16 products (cases p1, p2, nanogpt, gpt2; named <case>_bf16)");
+                      "train with bfloat16 products (cases p1, p2, nanogpt, gpt2; named <case>_bf16), or time attention's T x T products in bfloat16 against float32 (case attention)");
   bench_cmd->add_flag("--quick", bench_args.quick, "tiny repetition counts: checks the harness, not speed");
   bench_cmd->add_option("--threads", bench_args.threads, "intra-op CPU threads; 0 = default")
       ->capture_default_str();

@@ -416,6 +416,7 @@ std::string cpu_kernels_description() {
 #endif
   s += large + " above";
   s += std::string("; loops: ") + to_string(cpu_isa());
+  if (cpu::bf16_table().bf16_dot) s += " (bfloat16 attention on AVX512-BF16)";
   return s;
 }
 
@@ -426,6 +427,11 @@ const KernelTable& table() {
     case CpuIsa::avx2: return *avx2_table();
     default: return generic_table();
   }
+}
+
+const KernelTable& bf16_table() {
+  static const bool native = avx512bf16_table() != nullptr && cpu_has_avx512_bf16();
+  return native && cpu_isa() == CpuIsa::avx512 ? *avx512bf16_table() : table();
 }
 }  // namespace cpu
 

@@ -29,6 +29,13 @@ namespace {
 
 using namespace kernels;
 
+/// Whether the loops' T x T products take bfloat16 operands: with the policy's bfloat16
+/// products (which it sets only where they run, natively or emulated for tests), at the
+/// sizes those kernels take.
+bool bf16_products(const KernelPolicy& policy, const Dims& s) {
+  return policy.bf16_products && policy.bf16_attention && cpu::attention_bf16_fits(s);
+}
+
 class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -38,8 +45,8 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
     torch::Tensor out, p;
-    const bool blas = policy.attention_products_use_blas(s.T);
-    count_attention_products(blas);
+    const bool blas = policy.attention_products_use_blas(s.T), bf16 = !blas && bf16_products(policy, s);
+    count_attention_products(blas, bf16);
     if (blas) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);              // (BH, T, Dh)
       auto scores = torch::bmm(q, k.transpose(1, 2));                     // (BH, T, T)
@@ -52,7 +59,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     } else {
       out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
       p = torch::empty({s.B, s.H, s.T, s.T}, qkv.options());    // (B, H, T, T)
-      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>());
+      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), bf16);
     }
     ctx->save_for_backward({qkv, p});
     ctx->saved_data["n_heads"] = n_heads;
@@ -72,8 +79,9 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     const auto& p = saved[1];
     const Dims s = dims_of(qkv, ctx->saved_data["n_heads"].toInt(), ctx->saved_data["causal"].toBool());
     auto dout = grads[0].defined() ? grads[0].contiguous() : torch::zeros({s.B, s.T, s.D}, qkv.options());
-    const bool blas = saved_policy(ctx).attention_products_use_blas(s.T);
-    count_attention_products(blas);
+    const KernelPolicy policy = saved_policy(ctx);
+    const bool blas = policy.attention_products_use_blas(s.T), bf16 = !blas && bf16_products(policy, s);
+    count_attention_products(blas, bf16);
     if (blas) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);                          // (BH, T, Dh)
       auto pm = p.view({s.B * s.H, s.T, s.T});                                       // (BH, T, T)
@@ -90,7 +98,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     }
     auto dqkv = torch::empty_like(qkv);  // (B, T, 3D), every element written
     backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
-                    dqkv.data_ptr<float>());
+                    dqkv.data_ptr<float>(), bf16);
     return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

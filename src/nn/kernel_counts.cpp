@@ -9,7 +9,7 @@ namespace tinylm::nn {
 
 namespace {
 
-std::atomic<int64_t> g_gemm[4], g_gemm_bf16, g_attention_blas, g_attention_loops;
+std::atomic<int64_t> g_gemm[4], g_gemm_bf16, g_attention_blas, g_attention_loops, g_attention_bf16;
 
 }  // namespace
 
@@ -19,8 +19,9 @@ void count_gemm(GemmBackend backend) {
 
 void count_bf16_gemm() { g_gemm_bf16.fetch_add(1, std::memory_order_relaxed); }
 
-void count_attention_products(bool blas) {
+void count_attention_products(bool blas, bool bf16) {
   (blas ? g_attention_blas : g_attention_loops).fetch_add(1, std::memory_order_relaxed);
+  if (bf16) g_attention_bf16.fetch_add(1, std::memory_order_relaxed);
 }
 
 KernelCounts kernel_counts() {
@@ -31,6 +32,7 @@ KernelCounts kernel_counts() {
   c.gemm_bf16 = g_gemm_bf16.load(std::memory_order_relaxed);
   c.attention_blas = g_attention_blas.load(std::memory_order_relaxed);
   c.attention_loops = g_attention_loops.load(std::memory_order_relaxed);
+  c.attention_bf16 = g_attention_bf16.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -42,6 +44,7 @@ KernelCounts KernelCounts::operator-(const KernelCounts& o) const {
   d.gemm_bf16 = gemm_bf16 - o.gemm_bf16;
   d.attention_blas = attention_blas - o.attention_blas;
   d.attention_loops = attention_loops - o.attention_loops;
+  d.attention_bf16 = attention_bf16 - o.attention_bf16;
   return d;
 }
 

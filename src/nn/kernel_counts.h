@@ -11,7 +11,7 @@ void count_gemm(GemmBackend backend);
 /// One bfloat16 product (gemm_bf16).
 void count_bf16_gemm();
 /// One fused-attention pass (forward or backward) with its T x T products through BLAS,
-/// or through the loops.
-void count_attention_products(bool blas);
+/// or through the loops (on bfloat16 operands with `bf16`).
+void count_attention_products(bool blas, bool bf16 = false);
 
 }  // namespace tinylm::nn

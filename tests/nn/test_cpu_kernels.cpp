@@ -319,3 +319,82 @@ TEST_CASE("rounding a gradient with its column sums: round_bf16's bits and row-o
     else CHECK(sums[j] == expect[j]);
   }
 }
+
+namespace {
+
+/// x rounded to bfloat16, as float64: the exact value of an operand the products use.
+torch::Tensor bf16_value(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat64); }
+
+/// The tables whose bfloat16 attention runs here: every runnable one (emulating AVX512-BF16's
+/// dot products in float32) and the one built with it where the CPU has it.
+std::vector<const tinylm::nn::cpu::KernelTable*> bf16_attention_tables() {
+  auto v = runnable_tables();
+  if (tinylm::nn::cpu::avx512bf16_table() && tinylm::nn::cpu::cpu_has_avx512_bf16() &&
+      cpu_isa_available(CpuIsa::avx512))
+    v.push_back(tinylm::nn::cpu::avx512bf16_table());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operands, forward and backward",
+          "[nn][attention][bf16]") {
+  namespace cpu = tinylm::nn::cpu;
+  const auto* table = GENERATE(from_range(bf16_attention_tables()));
+  const auto [B, T, D, H] = GENERATE(std::make_tuple(2, 48, 64, 2), std::make_tuple(1, 32, 64, 4),
+                                     std::make_tuple(3, 16, 16, 1));
+  const bool causal = GENERATE(true, false);
+  INFO(table->isa << " (bf16 dot " << table->bf16_dot << "), B " << B << " T " << T << " D " << D << " H " << H
+                  << (causal ? " causal" : ""));
+  const int64_t Dh = D / H;
+  const cpu::AttentionDims s{B, T, D, H, Dh, static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh))), causal};
+  REQUIRE(cpu::attention_bf16_fits(s));
+  torch::manual_seed(7);
+  auto qkv = torch::randn({B, T, 3 * D});
+  auto dout = torch::randn({B, T, D});
+  auto out = torch::full({B, T, D}, std::nanf("")), p = torch::full({B, H, T, T}, std::nanf(""));
+  auto dqkv = torch::full({B, T, 3 * D}, std::nanf(""));
+  // Scratch left as NaN: every part the kernels read must be written first.
+  std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s), std::nanf(""));
+  table->attention_forward_bf16(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), 0, B * H,
+                                scratch.data());
+  table->attention_backward_bf16(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
+                                 dqkv.data_ptr<float>(), 0, B * H, scratch.data());
+  // The reference in float64, per (batch, head), from the rounded operands. Where a
+  // product takes a float32 result of the kernel's (p, ds) rounded, the kernel's own p is
+  // used: rounding decides between two bfloat16 neighbours, which float32 and float64
+  // could see on different sides of.
+  auto heads = [&](const torch::Tensor& x, int64_t part) {  // (B, T, 3D or D) -> (B, H, T, Dh)
+    return x.narrow(2, part * D, D).reshape({B, T, H, Dh}).permute({0, 2, 1, 3}).to(torch::kFloat64);
+  };
+  const auto q = heads(qkv, 0), k = heads(qkv, 1), v = heads(qkv, 2), dO = heads(dout, 0);
+  const auto qr = bf16_value(q), kr = bf16_value(k), vr = bf16_value(v), dor = bf16_value(dO);
+  auto scores = torch::matmul(qr, kr.transpose(-1, -2)) * s.scale;
+  if (causal) scores.masked_fill_(torch::ones({T, T}, torch::kBool).triu(1), -INFINITY);
+  const auto p_ref = torch::softmax(scores, -1);
+  const auto p_kernel = p.to(torch::kFloat64), pr = bf16_value(p);
+  const auto o_ref = torch::matmul(pr, vr);
+  const auto dp = torch::matmul(dor, vr.transpose(-1, -2));
+  const auto ds = s.scale * p_kernel * (dp - (p_kernel * dp).sum(-1, true));
+  const auto dsr = bf16_value(ds.to(torch::kFloat32));
+  const auto dq_ref = torch::matmul(dsr, kr), dk_ref = torch::matmul(dsr.transpose(-1, -2), qr);
+  const auto dv_ref = torch::matmul(pr.transpose(-1, -2), dor);
+  auto merged = [&](const torch::Tensor& x) { return x.permute({0, 2, 1, 3}).reshape({B, T, D}); };
+  auto relative = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return ((got.to(torch::kFloat64) - want).abs().max() / want.abs().max()).item<double>();
+  };
+  CHECK((p_kernel - p_ref).abs().max().item<double>() < 1e-5);
+  if (causal) CHECK(p.masked_select(torch::ones({T, T}, torch::kBool).triu(1)).abs().max().item<float>() == 0.0f);
+  CHECK(relative(out, merged(o_ref)) < 1e-5);
+  CHECK(relative(dqkv.narrow(2, 2 * D, D), merged(dv_ref)) < 1e-5);
+  // A p or ds of the kernel's may round to the other neighbour than its float64 twin (one
+  // bfloat16 step, 2^-8 of one term among T): the tolerance is that, not float32's.
+  CHECK(relative(dqkv.narrow(2, 0, D), merged(dq_ref)) < 1e-3);
+  CHECK(relative(dqkv.narrow(2, D, D), merged(dk_ref)) < 1e-3);
+  // And bfloat16's operands are what made the difference: float32's kernel is 1e-3 away.
+  auto out32 = torch::empty_like(out), p32 = torch::empty_like(p);
+  std::vector<float> scratch32(cpu::attention_scratch_floats(s));
+  table->attention_forward(s, qkv.data_ptr<float>(), out32.data_ptr<float>(), p32.data_ptr<float>(), 0, B * H,
+                           scratch32.data());
+  CHECK(relative(out32, merged(o_ref)) > 1e-4);
+}

@@ -123,3 +123,47 @@ TEST_CASE("fused attention is used only where it applies", "[nn][attention][fuse
   attn->eval();
   CHECK(attn(x, true, torch::ones({1, 4}, torch::kBool)).weights.sizes() == torch::IntArrayRef({1, 2, 4, 4}));
 }
+
+TEST_CASE("with bfloat16 products the fused attention's T x T products take bfloat16 operands where they fit",
+          "[nn][attention][fused][bf16]") {
+  KernelPolicy f32, bf16;
+  bf16.bf16_products = true;
+  // T and Dh multiples of 16: the bfloat16 loops; T = 12: the float32 ones, the same bits.
+  const auto [T, fits] = GENERATE(std::make_tuple(32, true), std::make_tuple(12, false));
+  INFO("T " << T);
+  torch::manual_seed(5);
+  const auto qkv = torch::randn({2, T, 3 * 64});
+  const auto upstream = torch::randn({2, T, 64});
+  auto run = [&](const KernelPolicy& policy) {
+    auto x = qkv.clone().requires_grad_(true);
+    auto out = fused_self_attention(x, 2, true, nullptr, policy);
+    out.backward(upstream);
+    return std::make_pair(out.detach(), x.grad());
+  };
+  const auto [out32, grad32] = run(f32);
+  const auto before = kernel_counts();
+  const auto [out16, grad16] = run(bf16);
+  const auto counts = kernel_counts() - before;
+  CHECK(counts.attention_loops == 2);  // forward and backward
+  CHECK(counts.attention_bf16 == (fits ? 2 : 0));
+  if (fits) {
+    // bfloat16's rounding (2^-9 relative per operand), not float32's, and not more.
+    const double out_error = max_abs_diff(out16, out32) / out32.abs().max().item<double>();
+    const double grad_error = max_abs_diff(grad16, grad32) / grad32.abs().max().item<double>();
+    CHECK(out_error > 1e-5);
+    CHECK(out_error < 3e-2);
+    CHECK(grad_error > 1e-5);
+    CHECK(grad_error < 3e-2);
+  } else {
+    CHECK(torch::equal(out16, out32));
+    CHECK(torch::equal(grad16, grad32));
+  }
+  // bf16_attention false: the Linear layers' products alone in bfloat16, these float32.
+  KernelPolicy linears_only = bf16;
+  linears_only.bf16_attention = false;
+  const auto again = kernel_counts();
+  const auto [out_l, grad_l] = run(linears_only);
+  CHECK((kernel_counts() - again).attention_bf16 == 0);
+  CHECK(torch::equal(out_l, out32));
+  CHECK(torch::equal(grad_l, grad32));
+}

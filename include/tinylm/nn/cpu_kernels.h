@@ -74,10 +74,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
 /// Where the kernel choices sent the work since the process started: products gemm() ran
 /// on each backend (the one chosen; libxsmm falls back inside for a shape it has no kernel
 /// for), and fused-attention passes, forward and backward, whose T x T products went
-/// through BLAS or the loops. Tests and profiles compare two readings.
+/// through BLAS or the loops (attention_bf16: those of the loops' passes whose products
+/// took bfloat16 operands). Tests and profiles compare two readings.
 struct KernelCounts {
   int64_t gemm_libxsmm = 0, gemm_blas = 0, gemm_hand = 0, gemm_bf16 = 0;
-  int64_t attention_blas = 0, attention_loops = 0;
+  int64_t attention_blas = 0, attention_loops = 0, attention_bf16 = 0;
   KernelCounts operator-(const KernelCounts& earlier) const;
 };
 KernelCounts kernel_counts();

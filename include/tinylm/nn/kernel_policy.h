@@ -76,10 +76,15 @@ struct KernelPolicy {
   /// Mixed precision on the CPU (issue 40): every product gemm runs for the model (its
   /// Linear layers at every size, wherever the input is float32 on the CPU, and the tiny
   /// model's fused op) in bfloat16 (gemm_bf16: operands rounded to bfloat16, sums in
-  /// float32), the weights rounded once per change; everything else (attention's T x T
-  /// products, softmax, norms, the loss, the optimizer, the weights themselves) stays
-  /// float32. Set only where bf16_products_missing() is empty; gemm throws elsewhere.
+  /// float32), the weights rounded once per change, and so do the fused attention's T x T
+  /// products on its loops where T and the head width are multiples of 16 (AVX512-BF16's
+  /// dot products where the CPU has them); everything else (softmax, norms, the loss, the
+  /// optimizer, the weights themselves) stays float32. Set only where
+  /// bf16_products_missing() is empty; gemm throws elsewhere.
   bool bf16_products = false;
+  /// With bf16_products, the fused attention's T x T products in bfloat16 too (where they
+  /// fit, above); false keeps them float32 (the products of the Linear layers alone).
+  bool bf16_attention = true;
   /// GELU (the transformer's MLP, exact or tanh) through tinylm's vectorised loops over
   /// the intra-op threads wherever its input is float32 on the CPU (else LibTorch's).
   bool gelu_loops = true;

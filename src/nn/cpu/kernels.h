@@ -1,11 +1,13 @@
 // Internal: tinylm's own CPU loops for the fused ops, compiled once per instruction set.
 //
 // kernels.inc holds them, written with GCC/Clang vector extensions, and is compiled
-// three times: kernels_avx512.cpp (16 floats per vector) with -mavx512f/dq/vl/bw and
-// kernels_avx2.cpp (8) with -mavx2 -mfma (x86-64 only; CMake adds the flags to those files
-// alone), and kernels_generic.cpp (4) with the target's baseline (SSE2 on x86-64, NEON on
-// arm64). table() hands out the widest set the CPU runs.
-// Neither file includes LibTorch or any C++ template library: an inline function emitted
+// four times: kernels_avx512.cpp (16 floats per vector) with -mavx512f/dq/vl/bw,
+// kernels_avx512bf16.cpp (the same with -mavx512bf16: its bfloat16 attention products on
+// VDPBF16PS, every other loop as the AVX-512 set's), kernels_avx2.cpp (8) with -mavx2
+// -mfma (x86-64 only; CMake adds the flags to those files alone), and kernels_generic.cpp
+// (4) with the target's baseline (SSE2 on x86-64, NEON on arm64). table() hands out the
+// widest set the CPU runs.
+// No such file includes LibTorch or any C++ template library: an inline function emitted
 // by both would be one symbol, and the linker could keep the AVX2 copy for everyone.
 //
 // Pointer layouts (float32, row-major): see src/nn/fused_attention.cpp for attention's;
@@ -29,6 +31,14 @@ inline int64_t attention_scratch_floats(const AttentionDims& s) {
   const int64_t Tp = (s.T + 15) / 16 * 16;
   return s.Dh * Tp + 2 * s.T * Tp;
 }
+
+/// Whether attention_forward_bf16 / attention_backward_bf16 take these sizes: T and Dh
+/// multiples of 16.
+inline bool attention_bf16_fits(const AttentionDims& s) { return s.T > 0 && s.T % 16 == 0 && s.Dh % 16 == 0; }
+
+/// Floats of scratch attention_forward_bf16 / attention_backward_bf16 need (bfloat16
+/// copies of the operands, packed pairwise, and one (T, T) float32 tile).
+inline int64_t attention_bf16_scratch_floats(const AttentionDims& s) { return 3 * s.T * s.Dh + 3 * s.T * s.T; }
 
 /// One Adam(W) update's constants, from the step count and the learning rate.
 struct AdamStep {
@@ -114,12 +124,30 @@ struct KernelTable {
   /// rows x cols floats (packed) to bfloat16 bits as round_bf16 rounds them, and each
   /// column's float32 sum over the rows, in row order, added into colsum (cols floats).
   void (*round_bf16_colsum)(const float* x, uint16_t* y, int64_t rows, int64_t cols, float* colsum);
+  /// attention_forward with its two T x T products on operands rounded to bfloat16 (q, k,
+  /// the weights p, v), float32 sums; p and out float32 as ever. Sizes as
+  /// attention_bf16_fits allows; `scratch` holds attention_bf16_scratch_floats(s) floats.
+  void (*attention_forward_bf16)(const AttentionDims& s, const float* qkv, float* out, float* p,
+                                 int64_t bh_begin, int64_t bh_end, float* scratch);
+  /// attention_backward likewise: its four products on bfloat16 operands (do, v, p, ds, k, q).
+  void (*attention_backward_bf16)(const AttentionDims& s, const float* qkv, const float* p,
+                                  const float* dout, float* dqkv, int64_t bh_begin, int64_t bh_end,
+                                  float* scratch);
+  /// Whether those two run AVX512-BF16's dot products (else the same arithmetic in float32).
+  bool bf16_dot;
 };
 
-/// The generic set (always there), the AVX2 and AVX-512 sets (nullptr where not compiled in).
+/// The generic set (always there), the AVX2, AVX-512 and AVX-512 + AVX512-BF16 sets
+/// (nullptr where not compiled in).
 const KernelTable& generic_table();
 const KernelTable* avx2_table();
 const KernelTable* avx512_table();
+const KernelTable* avx512bf16_table();
+/// Whether this CPU runs AVX512-BF16 code (and the AVX-512 set's).
+bool cpu_has_avx512_bf16();
+/// The set bfloat16 attention runs: the AVX-512 set built with AVX512-BF16 where the
+/// AVX-512 set is in use and the CPU has it, else table() (its products emulated).
+const KernelTable& bf16_table();
 /// Whether this CPU runs AVX2 + FMA code.
 bool cpu_has_avx2();
 /// Whether this CPU and OS run AVX-512 F/DQ/VL/BW code (and AVX2 + FMA).
