@@ -562,6 +562,7 @@ BLOCKS = {
     "bench-p3": bench_block("bench-debian12", ["p3"]),
     "bench-attention": bench_block("bench-debian12", ["attention"]),
     "bench-debian13-attention": bench_block("bench-debian13-attention", ["attention"]),
+    "bench-attention-bf16-zen4": bench_block("bench-attention-bf16-zen4", ["attention"]),
     "bench-gemm": bench_block("bench-debian12", ["gemm"]),
     "bench-nanogpt": bench_block("bench-debian12", ["nanogpt"]),
     "bench-data": bench_block("bench-debian12", ["prepare", "data"]),
