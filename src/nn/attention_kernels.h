@@ -53,13 +53,15 @@ inline Dims dims_of(const torch::Tensor& qkv, int64_t H, bool causal) {
 }
 
 /// qkv (B, T, 3D) -> out (B, T, D) and p (B, H, T, T); layouts above. With `bf16` (sizes
-/// as cpu::attention_bf16_fits allows) the T x T products on bfloat16 operands.
-inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p, bool bf16 = false) {
+/// as cpu::attention_bf16_fits allows) the T x T products on bfloat16 operands, and then p
+/// may be null with `lse` (B, H, T) given instead (see KernelTable::attention_forward_bf16).
+inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p, bool bf16 = false,
+                           float* lse = nullptr) {
   const auto& k = bf16 ? cpu::bf16_table() : cpu::table();
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     if (bf16) {
       std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s));
-      k.attention_forward_bf16(s, qkv, out, p, begin, end, scratch.data());
+      k.attention_forward_bf16(s, qkv, out, p, lse, begin, end, scratch.data());
     } else {
       std::vector<float> scratch(cpu::attention_scratch_floats(s));
       k.attention_forward(s, qkv, out, p, begin, end, scratch.data());
@@ -68,14 +70,14 @@ inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p
 }
 
 /// qkv (B, T, 3D), p (B, H, T, T), dout (B, T, D) -> dqkv (B, T, 3D); layouts above.
-/// `bf16` as forward_kernel's.
+/// `bf16` and `lse` as forward_kernel's (p null: the weights recomputed from lse).
 inline void backward_kernel(const Dims& s, const float* qkv, const float* p, const float* dout,
-                            float* dqkv, bool bf16 = false) {
+                            float* dqkv, bool bf16 = false, const float* lse = nullptr) {
   const auto& k = bf16 ? cpu::bf16_table() : cpu::table();
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     if (bf16) {
       std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s));
-      k.attention_backward_bf16(s, qkv, p, dout, dqkv, begin, end, scratch.data());
+      k.attention_backward_bf16(s, qkv, p, lse, dout, dqkv, begin, end, scratch.data());
     } else {
       std::vector<float> scratch(cpu::attention_scratch_floats(s));
       k.attention_backward(s, qkv, p, dout, dqkv, begin, end, scratch.data());

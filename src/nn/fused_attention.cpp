@@ -40,7 +40,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& qkv_in, int64_t n_heads,
-                                                bool causal, const KernelPolicy& policy) {
+                                                bool causal, const KernelPolicy& policy, bool keep_weights) {
     RECORD_USER_SCOPE("tinylm::fused_attention");  // named for op profiles (tinylm bench)
     auto qkv = qkv_in.contiguous();
     const Dims s = dims_of(qkv, n_heads, causal);
@@ -56,12 +56,24 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                 .permute({0, 2, 1, 3})
                 .reshape({s.B, s.T, s.D});                                // (B, T, D)
       p = scores.view({s.B, s.H, s.T, s.T});
+    } else if (bf16 && !keep_weights) {
+      // The (B, H, T, T) weights are neither returned nor kept: the backward recomputes
+      // them from each row's log-sum-exp (B, H, T), a pair at a time.
+      out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
+      auto lse = torch::empty({s.B, s.H, s.T}, qkv.options());
+      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), nullptr, true, lse.data_ptr<float>());
+      p = torch::empty({0}, qkv.options());
+      ctx->save_for_backward({qkv, lse});
+      ctx->saved_data["recompute"] = true;
     } else {
       out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
       p = torch::empty({s.B, s.H, s.T, s.T}, qkv.options());    // (B, H, T, T)
       forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), bf16);
     }
-    ctx->save_for_backward({qkv, p});
+    if (!ctx->saved_data.count("recompute")) {
+      ctx->save_for_backward({qkv, p});
+      ctx->saved_data["recompute"] = false;
+    }
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
     save_policy(ctx, policy);
@@ -94,12 +106,16 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                       .view({3, s.B, s.H, s.T, s.Dh})
                       .permute({1, 3, 0, 2, 4})                                      // (B, T, 3, H, Dh)
                       .reshape({s.B, s.T, 3 * s.D});
-      return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     auto dqkv = torch::empty_like(qkv);  // (B, T, 3D), every element written
-    backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
-                    dqkv.data_ptr<float>(), bf16);
-    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (ctx->saved_data["recompute"].toBool())  // saved[1] is the rows' log-sum-exp
+      backward_kernel(s, qkv.data_ptr<float>(), nullptr, dout.data_ptr<float>(), dqkv.data_ptr<float>(), true,
+                      p.data_ptr<float>());
+    else
+      backward_kernel(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(), dqkv.data_ptr<float>(),
+                      bf16);
+    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -115,7 +131,7 @@ torch::Tensor fused_self_attention(const torch::Tensor& qkv, int64_t n_heads, bo
   TORCH_CHECK(fused_attention_supported(qkv),
               "fused_self_attention: needs a float32 CPU tensor (B, T, 3D), got ",
               qkv.scalar_type(), " on ", qkv.device(), " with shape ", qkv.sizes());
-  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal, policy);
+  auto outputs = FusedSelfAttention::apply(qkv, n_heads, causal, policy, weights != nullptr);
   if (weights) *weights = outputs[1];
   return outputs[0];
 }

@@ -356,9 +356,9 @@ TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operand
   auto dqkv = torch::full({B, T, 3 * D}, std::nanf(""));
   // Scratch left as NaN: every part the kernels read must be written first.
   std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s), std::nanf(""));
-  table->attention_forward_bf16(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), 0, B * H,
-                                scratch.data());
-  table->attention_backward_bf16(s, qkv.data_ptr<float>(), p.data_ptr<float>(), dout.data_ptr<float>(),
+  table->attention_forward_bf16(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), nullptr, 0,
+                                B * H, scratch.data());
+  table->attention_backward_bf16(s, qkv.data_ptr<float>(), p.data_ptr<float>(), nullptr, dout.data_ptr<float>(),
                                  dqkv.data_ptr<float>(), 0, B * H, scratch.data());
   // The reference in float64, per (batch, head), from the rounded operands. Where a
   // product takes a float32 result of the kernel's (p, ds) rounded, the kernel's own p is
@@ -397,4 +397,20 @@ TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operand
   table->attention_forward(s, qkv.data_ptr<float>(), out32.data_ptr<float>(), p32.data_ptr<float>(), 0, B * H,
                            scratch32.data());
   CHECK(relative(out32, merged(o_ref)) > 1e-4);
+
+  // Without p: the forward keeps each row's log-sum-exp, the same output; the backward
+  // recomputes the weights from it (to float32 rounding: a rounded weight may land on the
+  // other bfloat16 neighbour, hence the same tolerance as ds's above).
+  auto out_r = torch::full_like(out, std::nanf("")), lse = torch::full({B, H, T}, std::nanf(""));
+  auto dqkv_r = torch::full_like(dqkv, std::nanf(""));
+  std::fill(scratch.begin(), scratch.end(), std::nanf(""));
+  table->attention_forward_bf16(s, qkv.data_ptr<float>(), out_r.data_ptr<float>(), nullptr, lse.data_ptr<float>(), 0,
+                                B * H, scratch.data());
+  CHECK(torch::equal(out_r, out));
+  CHECK((lse.to(torch::kFloat64) - torch::logsumexp(scores, -1)).abs().max().item<double>() < 1e-5);
+  std::fill(scratch.begin(), scratch.end(), std::nanf(""));
+  table->attention_backward_bf16(s, qkv.data_ptr<float>(), nullptr, lse.data_ptr<float>(), dout.data_ptr<float>(),
+                                 dqkv_r.data_ptr<float>(), 0, B * H, scratch.data());
+  CHECK(relative(dqkv_r, dqkv.to(torch::kFloat64)) < 1e-3);
+  CHECK(relative(dqkv_r.narrow(2, 2 * D, D), merged(dv_ref)) < 1e-3);
 }

@@ -158,6 +158,18 @@ TEST_CASE("with bfloat16 products the fused attention's T x T products take bflo
     CHECK(torch::equal(out16, out32));
     CHECK(torch::equal(grad16, grad32));
   }
+  // Weights asked for: kept and returned (the backward reads them); not asked for, as in
+  // training: neither, the backward recomputes them. The same output, gradients to
+  // bfloat16's rounding of a weight on either side.
+  if (fits) {
+    auto x = qkv.clone().requires_grad_(true);
+    torch::Tensor weights;
+    auto out = fused_self_attention(x, 2, true, &weights, bf16);
+    out.backward(upstream);
+    CHECK(weights.sizes() == torch::IntArrayRef({2, 2, T, T}));
+    CHECK(torch::equal(out.detach(), out16));
+    CHECK(max_abs_diff(x.grad(), grad16) / grad16.abs().max().item<double>() < 1e-3);
+  }
   // bf16_attention false: the Linear layers' products alone in bfloat16, these float32.
   KernelPolicy linears_only = bf16;
   linears_only.bf16_attention = false;

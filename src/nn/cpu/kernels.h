@@ -38,7 +38,7 @@ inline bool attention_bf16_fits(const AttentionDims& s) { return s.T > 0 && s.T 
 
 /// Floats of scratch attention_forward_bf16 / attention_backward_bf16 need (bfloat16
 /// copies of the operands, packed pairwise, and one (T, T) float32 tile).
-inline int64_t attention_bf16_scratch_floats(const AttentionDims& s) { return 3 * s.T * s.Dh + 3 * s.T * s.T; }
+inline int64_t attention_bf16_scratch_floats(const AttentionDims& s) { return 4 * s.T * s.Dh + 4 * s.T * s.T; }
 
 /// One Adam(W) update's constants, from the step count and the learning rate.
 struct AdamStep {
@@ -125,12 +125,17 @@ struct KernelTable {
   /// column's float32 sum over the rows, in row order, added into colsum (cols floats).
   void (*round_bf16_colsum)(const float* x, uint16_t* y, int64_t rows, int64_t cols, float* colsum);
   /// attention_forward with its two T x T products on operands rounded to bfloat16 (q, k,
-  /// the weights p, v), float32 sums; p and out float32 as ever. Sizes as
-  /// attention_bf16_fits allows; `scratch` holds attention_bf16_scratch_floats(s) floats.
-  void (*attention_forward_bf16)(const AttentionDims& s, const float* qkv, float* out, float* p,
+  /// the weights p, v), float32 sums; p and out float32 as ever. p may be null (the
+  /// weights not kept: each pair's in scratch); with `lse` (B, H, T) each row's
+  /// log-sum-exp of its scaled scores is written there, from which the backward
+  /// recomputes the weights. Sizes as attention_bf16_fits allows; `scratch` holds
+  /// attention_bf16_scratch_floats(s) floats.
+  void (*attention_forward_bf16)(const AttentionDims& s, const float* qkv, float* out, float* p, float* lse,
                                  int64_t bh_begin, int64_t bh_end, float* scratch);
-  /// attention_backward likewise: its four products on bfloat16 operands (do, v, p, ds, k, q).
-  void (*attention_backward_bf16)(const AttentionDims& s, const float* qkv, const float* p,
+  /// attention_backward likewise: its four products on bfloat16 operands (do, v, p, ds, k,
+  /// q). Given p, the weights are read from it; with p null, recomputed from q, k and lse
+  /// (exp(scale q·k - lse), the same bfloat16 products as the forward's).
+  void (*attention_backward_bf16)(const AttentionDims& s, const float* qkv, const float* p, const float* lse,
                                   const float* dout, float* dqkv, int64_t bh_begin, int64_t bh_end,
                                   float* scratch);
   /// Whether those two run AVX512-BF16's dot products (else the same arithmetic in float32).
