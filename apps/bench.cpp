@@ -740,8 +740,9 @@ void bench_attention(bool quick) {
   for (const auto& z : sizes) {
     const Json size = {{"B", z.B}, {"T", z.T}, {"D", z.D}, {"H", z.H}};
     std::map<std::string, double> median;
-    // Rounds alternate the kernels, so a noisy machine slows all of them alike.
-    const int rounds = quick ? 1 : 3;
+    // Rounds alternate the kernels, so a noisy machine slows all of them alike (five for
+    // --bf16's pair, whose difference is smaller).
+    const int rounds = quick ? 1 : (g_bf16 ? 5 : 3);
     for (int round = 0; round < rounds; ++round) {
       for (const auto& k : kernels) {
         torch::manual_seed(0);
