@@ -46,7 +46,11 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
     const Dims s = dims_of(qkv, n_heads, causal);
     torch::Tensor out, p;
     const bool blas = policy.attention_products_use_blas(s.T), bf16 = !blas && bf16_products(policy, s);
+    // The (B, H, T, T) weights neither returned nor kept: the backward recomputes them from
+    // each row's log-sum-exp (B, H, T), a pair at a time.
+    const bool recompute = bf16 && !keep_weights;
     count_attention_products(blas, bf16);
+    torch::Tensor lse;
     if (blas) {
       auto [q, k, v] = split_qkv(qkv, s.B, s.T, s.H, s.Dh);              // (BH, T, Dh)
       auto scores = torch::bmm(q, k.transpose(1, 2));                     // (BH, T, T)
@@ -56,24 +60,18 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                 .permute({0, 2, 1, 3})
                 .reshape({s.B, s.T, s.D});                                // (B, T, D)
       p = scores.view({s.B, s.H, s.T, s.T});
-    } else if (bf16 && !keep_weights) {
-      // The (B, H, T, T) weights are neither returned nor kept: the backward recomputes
-      // them from each row's log-sum-exp (B, H, T), a pair at a time.
+    } else if (recompute) {
       out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
-      auto lse = torch::empty({s.B, s.H, s.T}, qkv.options());
-      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), nullptr, true, lse.data_ptr<float>());
+      lse = torch::empty({s.B, s.H, s.T}, qkv.options());       // (B, H, T)
       p = torch::empty({0}, qkv.options());
-      ctx->save_for_backward({qkv, lse});
-      ctx->saved_data["recompute"] = true;
+      forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), nullptr, true, lse.data_ptr<float>());
     } else {
       out = torch::empty({s.B, s.T, s.D}, qkv.options());      // (B, T, D)
       p = torch::empty({s.B, s.H, s.T, s.T}, qkv.options());    // (B, H, T, T)
       forward_kernel(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), bf16);
     }
-    if (!ctx->saved_data.count("recompute")) {
-      ctx->save_for_backward({qkv, p});
-      ctx->saved_data["recompute"] = false;
-    }
+    ctx->save_for_backward({qkv, recompute ? lse : p});
+    ctx->saved_data["recompute"] = recompute;
     ctx->saved_data["n_heads"] = n_heads;
     ctx->saved_data["causal"] = causal;
     save_policy(ctx, policy);
@@ -88,7 +86,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto& qkv = saved[0];
-    const auto& p = saved[1];
+    const auto& p = saved[1];  // the weights, or with "recompute" each row's log-sum-exp
     const Dims s = dims_of(qkv, ctx->saved_data["n_heads"].toInt(), ctx->saved_data["causal"].toBool());
     auto dout = grads[0].defined() ? grads[0].contiguous() : torch::zeros({s.B, s.T, s.D}, qkv.options());
     const KernelPolicy policy = saved_policy(ctx);
@@ -109,7 +107,7 @@ class FusedSelfAttention : public torch::autograd::Function<FusedSelfAttention> 
       return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     auto dqkv = torch::empty_like(qkv);  // (B, T, 3D), every element written
-    if (ctx->saved_data["recompute"].toBool())  // saved[1] is the rows' log-sum-exp
+    if (ctx->saved_data["recompute"].toBool())
       backward_kernel(s, qkv.data_ptr<float>(), nullptr, dout.data_ptr<float>(), dqkv.data_ptr<float>(), true,
                       p.data_ptr<float>());
     else
