@@ -70,6 +70,7 @@ else
 fi
 bf16_run bf16_emulated "emulated in float32" TINYLM_BF16_EMULATION=1
 expect_error "bench bf16 emulated"   "TINYLM_BF16_EMULATION=1 emulates them in float32 (for tests): unset it" env TINYLM_BF16_EMULATION=1 "$tinylm" bench --bf16 --cases p2 --quick
+expect_error "bench bf16 case"       "case 'data' has no bfloat16 form: give --cases from p1, p2, nanogpt, gpt2, attention" "$tinylm" bench --bf16 --cases data --quick
 expect_error "bf16 emulation value"  "TINYLM_BF16_EMULATION is 'yes': set it to 1" env TINYLM_BF16_EMULATION=yes "$tinylm" train --bf16 --device cpu
 expect_error "one-symbol vocabulary" "vocab-size 1 leaves the repeat task nothing to learn: it needs at least 2 symbols" "$tinylm" train --vocab-size 1
 expect_error "dropout 1"             "dropout must be in [0, 1), got 1" "$tinylm" train --model transformer --dropout 1
