@@ -105,6 +105,9 @@ inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
+/// x rounded to bfloat16, as float64: the exact value of an operand bfloat16 products use.
+inline torch::Tensor bf16_value(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat64); }
+
 // ---- files ---------------------------------------------------------------------------
 
 /// A file's bytes ("" when it cannot be opened).

@@ -11,6 +11,7 @@
 #include <vector>
 
 using namespace tinylm::nn;
+using tinylm::test::bf16_value;
 using tinylm::test::error_message;
 
 namespace {
@@ -321,9 +322,6 @@ TEST_CASE("rounding a gradient with its column sums: round_bf16's bits and row-o
 }
 
 namespace {
-
-/// x rounded to bfloat16, as float64: the exact value of an operand the products use.
-torch::Tensor bf16_value(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat64); }
 
 /// The tables whose bfloat16 attention runs here: every runnable one (emulating AVX512-BF16's
 /// dot products in float32) and the one built with it where the CPU has it.

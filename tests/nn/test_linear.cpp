@@ -12,6 +12,7 @@
 #include <vector>
 
 using namespace tinylm::nn;
+using tinylm::test::bf16_value;
 
 namespace {
 
@@ -164,9 +165,6 @@ TEST_CASE("GELU on tinylm's loops: LibTorch's gelu and its gradient to float32 r
 
 namespace {
 
-/// x rounded to bfloat16, as float64 (the exact value of the operand the products use).
-torch::Tensor as_rounded(const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kFloat64); }
-
 /// Where this machine has no bfloat16 products: checks that a layer asking for them is
 /// refused, naming why, and returns true (the case has nothing more to run here).
 bool bf16_refused_here() {
@@ -200,8 +198,8 @@ TEST_CASE("linear with bfloat16 products: float32 sums of the rounded operands, 
   CHECK((kernel_counts() - before).gemm_bf16 == 3);  // forward, dx, dW
   // What the products must be: float64 sums of the rounded operands (sums of K, or of
   // 2 rows, unit-normal products: float32's rounding grows like their square root).
-  const auto x64 = as_rounded(x.detach()).reshape({-1, K}), w64 = as_rounded(w.detach()),
-             dy64 = as_rounded(upstream).reshape({-1, N});
+  const auto x64 = bf16_value(x.detach()).reshape({-1, K}), w64 = bf16_value(w.detach()),
+             dy64 = bf16_value(upstream).reshape({-1, N});
   auto want_y = x64.matmul(w64.t());
   if (bias) want_y += b.detach().to(torch::kFloat64);
   const double tol = 2e-5 * std::sqrt(static_cast<double>(std::max<int64_t>(K, 2 * rows)));
