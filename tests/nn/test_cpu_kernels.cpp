@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 using namespace tinylm::nn;
@@ -339,8 +340,11 @@ TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operand
           "[nn][attention][bf16]") {
   namespace cpu = tinylm::nn::cpu;
   const auto* table = GENERATE(from_range(bf16_attention_tables()));
-  const auto [B, T, D, H] = GENERATE(std::make_tuple(2, 48, 64, 2), std::make_tuple(1, 32, 64, 4),
-                                     std::make_tuple(3, 16, 16, 1));
+  // Plain variables, not a structured binding: the lambda below uses them (C++17 lets no
+  // lambda capture a binding; clang says so, GCC accepts it).
+  const auto dims = GENERATE(std::make_tuple(2, 48, 64, 2), std::make_tuple(1, 32, 64, 4),
+                             std::make_tuple(3, 16, 16, 1));
+  const int64_t B = std::get<0>(dims), T = std::get<1>(dims), D = std::get<2>(dims), H = std::get<3>(dims);
   const bool causal = GENERATE(true, false);
   INFO(table->isa << " (bf16 dot " << table->bf16_dot << "), B " << B << " T " << T << " D " << D << " H " << H
                   << (causal ? " causal" : ""));
