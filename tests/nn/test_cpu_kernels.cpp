@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 using namespace tinylm::nn;
@@ -342,8 +343,11 @@ TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operand
   const auto* table = GENERATE(from_range(bf16_attention_tables()));
   // Plain variables, not a structured binding: the lambda below uses them (C++17 lets no
   // lambda capture a binding; clang says so, GCC accepts it).
+  // The last two convert fewer heads at once than they have (attention_bf16_heads_packed):
+  // two, then two and one.
   const auto dims = GENERATE(std::make_tuple(2, 48, 64, 2), std::make_tuple(1, 32, 64, 4),
-                             std::make_tuple(3, 16, 16, 1));
+                             std::make_tuple(3, 16, 16, 1), std::make_tuple(1, 64, 512, 4),
+                             std::make_tuple(2, 64, 384, 3));
   const int64_t B = std::get<0>(dims), T = std::get<1>(dims), D = std::get<2>(dims), H = std::get<3>(dims);
   const bool causal = GENERATE(true, false);
   INFO(table->isa << " (bf16 dot " << table->bf16_dot << "), B " << B << " T " << T << " D " << D << " H " << H
@@ -351,17 +355,30 @@ TEST_CASE("attention with bfloat16 products: float32 sums of the rounded operand
   const int64_t Dh = D / H;
   const cpu::AttentionDims s{B, T, D, H, Dh, static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh))), causal};
   REQUIRE(cpu::attention_bf16_fits(s));
+  if (D / H * T > 4096) REQUIRE(cpu::attention_bf16_heads_packed(s) < H);
   torch::manual_seed(7);
   auto qkv = torch::randn({B, T, 3 * D});
   auto dout = torch::randn({B, T, D});
   auto out = torch::full({B, T, D}, std::nanf("")), p = torch::full({B, H, T, T}, std::nanf(""));
   auto dqkv = torch::full({B, T, 3 * D}, std::nanf(""));
   // Scratch left as NaN: every part the kernels read must be written first.
+  // Pairs [0, 1) and [1, B H) in two calls, as two threads would take them: the second
+  // starts inside a batch element.
   std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s), std::nanf(""));
-  table->attention_forward_bf16(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), nullptr, 0,
-                                B * H, scratch.data());
-  table->attention_backward_bf16(s, qkv.data_ptr<float>(), p.data_ptr<float>(), nullptr, dout.data_ptr<float>(),
-                                 dqkv.data_ptr<float>(), 0, B * H, scratch.data());
+  for (const auto& [begin, end] : {std::make_pair(int64_t{0}, int64_t{1}), std::make_pair(int64_t{1}, B * H)}) {
+    table->attention_forward_bf16(s, qkv.data_ptr<float>(), out.data_ptr<float>(), p.data_ptr<float>(), nullptr,
+                                  begin, end, scratch.data());
+    table->attention_backward_bf16(s, qkv.data_ptr<float>(), p.data_ptr<float>(), nullptr, dout.data_ptr<float>(),
+                                   dqkv.data_ptr<float>(), begin, end, scratch.data());
+    if (begin == 0 && B * H > 1) {  // pair 0 only: every other pair's output still NaN
+      const auto by_pair = [&](const torch::Tensor& x) {
+        return x.narrow(2, 0, D).reshape({B, T, H, Dh}).permute({0, 2, 1, 3}).reshape({B * H, T * Dh});
+      };
+      CHECK(by_pair(out).narrow(0, 1, B * H - 1).isnan().all().item<bool>());
+      CHECK(by_pair(dqkv).narrow(0, 1, B * H - 1).isnan().all().item<bool>());
+      CHECK(!by_pair(dqkv).narrow(0, 0, 1).isnan().any().item<bool>());
+    }
+  }
   // The reference in float64, per (batch, head), from the rounded operands. Where a
   // product takes a float32 result of the kernel's (p, ds) rounded, the kernel's own p is
   // used: rounding decides between two bfloat16 neighbours, which float32 and float64

@@ -36,9 +36,23 @@ inline int64_t attention_scratch_floats(const AttentionDims& s) {
 /// multiples of 16.
 inline bool attention_bf16_fits(const AttentionDims& s) { return s.T > 0 && s.T % 16 == 0 && s.Dh % 16 == 0; }
 
-/// Floats of scratch attention_forward_bf16 / attention_backward_bf16 need (bfloat16
-/// copies of the operands, packed pairwise, and one (T, T) float32 tile).
-inline int64_t attention_bf16_scratch_floats(const AttentionDims& s) { return 4 * s.T * s.Dh + 4 * s.T * s.T; }
+/// Heads of one batch element whose operands attention_forward_bf16 /
+/// attention_backward_bf16 convert at once: each token's row read for all of them in turn,
+/// one stretch of memory (a head's row alone is 2 cache lines at a stride of 3D floats,
+/// which the hardware prefetcher does not follow), as many as fit 256 KB of bfloat16 copies
+/// (the backward's seven, 3.5 T Dh floats a head), at least one.
+inline int64_t attention_bf16_heads_packed(const AttentionDims& s) {
+  const int64_t per_head = 7 * s.T * s.Dh / 2;
+  const int64_t fit = per_head > 0 ? 65536 / per_head : 1;
+  return fit < 1 ? 1 : fit > s.H ? s.H : fit;
+}
+
+/// Floats of scratch attention_forward_bf16 / attention_backward_bf16 need: the bfloat16
+/// copies of the operands of attention_bf16_heads_packed heads (packed pairwise) and a
+/// pair's (T, T) float32 tiles.
+inline int64_t attention_bf16_scratch_floats(const AttentionDims& s) {
+  return attention_bf16_heads_packed(s) * 7 * s.T * s.Dh / 2 + 4 * s.T * s.T;
+}
 
 /// One Adam(W) update's constants, from the step count and the learning rate.
 struct AdamStep {
