@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 namespace tinylm::nn::kernels {
@@ -52,6 +53,13 @@ inline Dims dims_of(const torch::Tensor& qkv, int64_t H, bool causal) {
   return make_dims(qkv.size(0), qkv.size(1), D, H, causal);
 }
 
+/// A thread's scratch for the bfloat16 kernels, left uninitialised (hundreds of KB, which
+/// zeroing would cost as much as a small call's work): they write every part they read
+/// (tests/nn/test_cpu_kernels.cpp gives them NaN-filled scratch).
+inline std::unique_ptr<float[]> bf16_scratch(const Dims& s) {
+  return std::unique_ptr<float[]>(new float[cpu::attention_bf16_scratch_floats(s)]);
+}
+
 /// qkv (B, T, 3D) -> out (B, T, D) and p (B, H, T, T); layouts above. With `bf16` (sizes
 /// as cpu::attention_bf16_fits allows) the T x T products on bfloat16 operands, and then p
 /// may be null with `lse` (B, H, T) given instead (see KernelTable::attention_forward_bf16).
@@ -60,8 +68,8 @@ inline void forward_kernel(const Dims& s, const float* qkv, float* out, float* p
   const auto& k = bf16 ? cpu::bf16_table() : cpu::table();
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     if (bf16) {
-      std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s));
-      k.attention_forward_bf16(s, qkv, out, p, lse, begin, end, scratch.data());
+      const auto scratch = bf16_scratch(s);
+      k.attention_forward_bf16(s, qkv, out, p, lse, begin, end, scratch.get());
     } else {
       std::vector<float> scratch(cpu::attention_scratch_floats(s));
       k.attention_forward(s, qkv, out, p, begin, end, scratch.data());
@@ -76,8 +84,8 @@ inline void backward_kernel(const Dims& s, const float* qkv, const float* p, con
   const auto& k = bf16 ? cpu::bf16_table() : cpu::table();
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     if (bf16) {
-      std::vector<float> scratch(cpu::attention_bf16_scratch_floats(s));
-      k.attention_backward_bf16(s, qkv, p, lse, dout, dqkv, begin, end, scratch.data());
+      const auto scratch = bf16_scratch(s);
+      k.attention_backward_bf16(s, qkv, p, lse, dout, dqkv, begin, end, scratch.get());
     } else {
       std::vector<float> scratch(cpu::attention_scratch_floats(s));
       k.attention_backward(s, qkv, p, dout, dqkv, begin, end, scratch.data());
