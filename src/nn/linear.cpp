@@ -49,21 +49,22 @@ torch::Tensor rounded(const torch::Tensor& x) {
 /// the blocks' added in block order (the same sums at every thread count). With `gelu_of`
 /// (M x N, what GELU was given), dy is first multiplied by GELU's slope there, block by
 /// block in a buffer of the thread's: the gradient that reaches GELU's input, never
-/// written out in float32.
+/// written out in float32. With `sums` false the column sums are neither made nor
+/// returned (no bias to take them).
 constexpr int64_t kSumRows = 32;
 
 std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy,
                                                                  const torch::Tensor& gelu_of = {},
-                                                                 bool exact = true) {
+                                                                 bool exact = true, bool sums_wanted = true) {
   const auto c = dy.contiguous();
   const int64_t M = c.size(0), N = c.size(1), blocks = (M + kSumRows - 1) / kSumRows;
   auto out = torch::empty({M, N}, c.options().dtype(torch::kBFloat16).requires_grad(false));
-  auto partial = torch::zeros({blocks, N}, c.options().requires_grad(false));
+  auto partial = sums_wanted ? torch::zeros({blocks, N}, c.options().requires_grad(false)) : torch::Tensor();
   const auto& table = cpu::table();
   const float* x = c.data_ptr<float>();
   const float* pre = gelu_of.defined() ? gelu_of.data_ptr<float>() : nullptr;
   uint16_t* y = bits(out);
-  float* sums = partial.data_ptr<float>();
+  float* sums = sums_wanted ? partial.data_ptr<float>() : nullptr;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> slope(pre ? static_cast<size_t>(kSumRows * N) : 0);
     for (int64_t b = begin; b < end; ++b) {
@@ -73,9 +74,13 @@ std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Te
         table.gelu_backward(pre + row * N, from, slope.data(), rows * N, exact);
         from = slope.data();
       }
-      table.round_bf16_colsum(from, y + row * N, rows, N, sums + b * N);
+      if (sums)
+        table.round_bf16_colsum(from, y + row * N, rows, N, sums + b * N);
+      else
+        table.round_bf16(from, y + row * N, rows * N);
     }
   });
+  if (!sums_wanted) return {out, torch::Tensor()};
   auto total = torch::empty({N}, c.options().requires_grad(false));
   float* t = total.data_ptr<float>();
   std::copy_n(sums, N, t);
@@ -307,9 +312,9 @@ class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
     nn::gemm_bf16(false, false, M, F, N, bits(dy16), N, bits(proj), F, floats(dh), F, false);
     {
       RECORD_USER_SCOPE("tinylm::gelu_backward");
-      std::tie(da16, db1) = rounded_with_column_sums(dh, a, ctx->saved_data["exact"].toBool());
+      std::tie(da16, db1) = rounded_with_column_sums(dh, a, ctx->saved_data["exact"].toBool(),
+                                                     ctx->saved_data["bias1"].toBool() && ctx->needs_input_grad(2));
     }
-    if (!(ctx->saved_data["bias1"].toBool() && ctx->needs_input_grad(2))) db1 = torch::Tensor();
     if (ctx->needs_input_grad(1)) {  // dW1 = daᵀ x
       dw1 = torch::empty({F, D}, dy.options());
       nn::gemm_bf16(true, false, F, D, M, bits(da16), F, bits(x2), D, floats(dw1), D, false);
