@@ -442,11 +442,29 @@ void bench_gemm(bool quick) {
   }
 }
 
+/// Training steps timed as time_per_call times them, and the time the step's bfloat16
+/// products took inside the timed steps (kernel_counts), per step: the warmup steps, which
+/// make the products' kernels, are not counted.
+struct StepTimes {
+  Stats stats;
+  double bf16_products_seconds = 0;
+};
+
+StepTimes time_train_steps(train::Trainer& t, int warmup, int reps, int inner) {
+  for (int i = 0; i < warmup; ++i) t.train_step();
+  const auto before = nn::kernel_counts();
+  const Stats s = time_per_call([&] { t.train_step(); }, 0, reps, inner);
+  return {s, (nn::kernel_counts() - before).gemm_bf16_seconds / static_cast<double>(reps * inner)};
+}
+
 /// With --bf16: one step's linear products alone (each layer's and the head's x Wᵀ, dy W and
 /// dyᵀ x, as nn::linear's backward runs them, on operands rounded beforehand), timed shape
 /// by shape and summed: the least a step could take on these kernels were everything else
-/// free, printed as `<case>_bf16 products_ms` with its share of the measured step.
-void emit_bf16_products(const std::string& name, const RunConfig& c, double seconds_per_step, bool quick) {
+/// free, printed as `<case>_bf16 products_ms` with its share of the measured step; and the
+/// time the products took inside the timed steps, `products_in_step_ms` (the same products
+/// on operands as the step leaves them: the step less it is the time outside the products).
+void emit_bf16_products(const std::string& name, const RunConfig& c, const StepTimes& timed, bool quick) {
+  const double seconds_per_step = timed.stats.median;
   if (!g_bf16 || !nn::bf16_products_missing().empty()) return;
   const int64_t M = c.task_options.seq_len() * c.trainer.batch_size();
   double seconds = 0;
@@ -474,6 +492,10 @@ void emit_bf16_products(const std::string& name, const RunConfig& c, double seco
                  std::to_string(M) + ": the least a step could take on these kernels";
   config["kernels"] = nn::bf16_products_description();
   emit_value(name, "products_ms", "ms", 1e3 * seconds, config);
+  config["share_of_step"] = timed.bf16_products_seconds / seconds_per_step;
+  config["of"] = "the time inside the step's bfloat16 products while the timed steps ran, per step: "
+                 "products_ms's products on operands as the step leaves them";
+  emit_value(name, "products_in_step_ms", "ms", 1e3 * timed.bf16_products_seconds, config);
 }
 
 /// A training step's model FLOP/s and its fraction of the matmul peak: float32's, or in a
@@ -490,12 +512,13 @@ void emit_mfu(const std::string& name, const RunConfig& c, double seconds_per_st
 void bench_p2(bool quick, double peak_gflops, int64_t memory_steps) {
   RunConfig c = p2_config(quick);
   train::Trainer t = make_trainer(c);
-  auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
+  const StepTimes timed = time_train_steps(t, quick ? 1 : 3, quick ? 2 : 5, quick ? 1 : 3);
+  const Stats& s = timed.stats;
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   const std::string name = named("p2");
   emit(name, "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(name, c, s.median, peak_gflops);
-  emit_bf16_products(name, c, s.median, quick);
+  emit_bf16_products(name, c, timed, quick);
   emit_value(name, "peak_rss", "MiB", peak_rss_mib(), describe(c));
   if (memory_steps > 0) {
     const double before = current_rss_mib();
@@ -585,14 +608,15 @@ void bench_nanogpt(bool quick, double peak_gflops) {
     return;
   }
   train::Trainer t = make_trainer(c);
-  auto s = time_per_call([&] { t.train_step(); }, quick ? 1 : 10, quick ? 2 : 7, quick ? 2 : 20);
+  const StepTimes timed = time_train_steps(t, quick ? 1 : 10, quick ? 2 : 7, quick ? 2 : 20);
+  const Stats& s = timed.stats;
   Json config = describe(c);
   config["recipe"] = "nanoGPT CPU (README): no biases (Linear or LayerNorm), exact GELU, learned positions, tied head, AdamW decaying 2-D parameters, clip 1.0";
   print_line({{"case", named("nanogpt")}, {"metric", "ms_per_iter"}, {"value", rounded(1e3 * s.median)}, {"unit", "ms"},
               {"min", rounded(1e3 * s.min)}, {"max", rounded(1e3 * s.max)}, {"reps", s.reps},
               {"threads", at::get_num_threads()}, {"config", config}});
   emit_mfu(named("nanogpt"), c, s.median, peak_gflops);
-  emit_bf16_products(named("nanogpt"), c, s.median, quick);
+  emit_bf16_products(named("nanogpt"), c, timed, quick);
   std::filesystem::remove_all(c.trainer.out_dir());
   bench_ops("nanogpt", nanogpt_config(), quick);
 }
@@ -617,11 +641,12 @@ void bench_gpt2(bool quick, double peak_gflops) {
     return;
   }
   train::Trainer t = make_trainer(c);
-  auto s = time_per_call([&] { t.train_step(); }, 1, quick ? 2 : 3, 1);
+  const StepTimes timed = time_train_steps(t, 1, quick ? 2 : 3, 1);
+  const Stats& s = timed.stats;
   const double tokens = static_cast<double>(c.trainer.batch_size() * c.task_options.seq_len());
   emit(named("gpt2"), "train_tokens_per_s", "tokens/s", tokens, s, describe(c));
   emit_mfu(named("gpt2"), c, s.median, peak_gflops);
-  emit_bf16_products(named("gpt2"), c, s.median, quick);
+  emit_bf16_products(named("gpt2"), c, timed, quick);
   std::filesystem::remove_all(c.trainer.out_dir());
   if (!quick) bench_ops("gpt2", gpt2_config(quick), quick);  // 12 more steps: not in a smoke run
 }

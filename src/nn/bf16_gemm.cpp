@@ -22,6 +22,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -263,11 +264,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = (accumulate ? C[i * ldc + j] : 0.0f) + (bias ? bias[j] : 0.0f);
     return;
   }
-  count_bf16_gemm();
+  const auto start = std::chrono::steady_clock::now();
   if (emulated())
     emulated_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias);
   else
     native_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias);
+  count_bf16_gemm(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 std::string bf16_products_description() {

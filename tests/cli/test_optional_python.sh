@@ -68,6 +68,12 @@ for case in ("p2", "gpt2"):
     want = 1 / (bound["pytorch"] * per_token)
     if not (alone["value"] > 0 and abs(bound["value"] - want) < 1e-3 * want):
         sys.exit(f"FAIL: {case}'s lead on tinylm's products: {bound}, products {alone}")
+    # The same products' time inside the timed steps: some, and less than a step (the mean
+    # over the steps against the step's median, which with --quick's two steps is the slower).
+    inside = rec[case + "_bf16", "products_in_step_ms"]["value"]
+    step_ms = 1e3 * alone["config"]["batch"] * alone["config"]["seq"] / rec[case + "_bf16", "train_tokens_per_s"]["value"]
+    if not 0 < inside < step_ms:
+        sys.exit(f"FAIL: {case}'s products took {inside} ms inside a step of {step_ms} ms")
 PY
     grep -q '"largest_window_mean_difference".*"tinylm": "bfloat16 products"' <<<"$out" ||
       { echo "FAIL: the bfloat16 curve was not compared"; exit 1; }

@@ -9,6 +9,7 @@
 #include "nn/gelu.h"
 #include "nn/linear.h"
 
+#include <chrono>
 #include <vector>
 
 using namespace tinylm::nn;
@@ -193,9 +194,15 @@ TEST_CASE("linear with bfloat16 products: float32 sums of the rounded operands, 
   auto b = bias ? torch::randn({N}, torch::requires_grad()) : torch::Tensor();
   auto upstream = torch::randn({2, rows, N});
   const auto before = kernel_counts();
+  const auto start = std::chrono::steady_clock::now();
   auto y = linear(x, w, b, policy);
   y.backward(upstream);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK((kernel_counts() - before).gemm_bf16 == 3);  // forward, dx, dW
+  // And the time they took (the benchmarks' products_in_step_ms): some, within the wall time.
+  const double spent = (kernel_counts() - before).gemm_bf16_seconds;
+  CHECK(spent > 0);
+  CHECK(spent <= wall);
   // What the products must be: float64 sums of the rounded operands (sums of K, or of
   // 2 rows, unit-normal products: float32's rounding grows like their square root).
   const auto x64 = bf16_value(x.detach()).reshape({-1, K}), w64 = bf16_value(w.detach()),
