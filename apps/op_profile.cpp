@@ -76,7 +76,7 @@ std::string op_family(const std::string& raw) {
     return "optimizer";
   if (contains(n, "tinylm::data")) return "data";
   if (contains(n, "log_softmax") || contains(n, "nll_loss") || contains(n, "cross_entropy") ||
-      contains(n, "logsoftmax") || contains(n, "tinylm::loss"))
+      contains(n, "crossentropy") || contains(n, "logsoftmax") || contains(n, "tinylm::loss"))
     return "loss";
   if (contains(n, "attention") || contains(n, "softmax") || contains(n, "masked_fill"))
     return "attention";

@@ -6,20 +6,26 @@
 #include <tinylm/nn/model.h>
 
 #include "internal/text.h"
+#include "nn/cpu/kernels.h"
 #include "nn/fused_tiny_lm.h"
 #include "nn/linear.h"
 #include "nn/token_ids.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/Type.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/functional/loss.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <unordered_set>
+#include <vector>
 
 namespace tinylm::nn {
 
@@ -39,6 +45,61 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
+namespace {
+
+/// Mean softmax cross-entropy of float32 CPU logits (N, V) against targets (N), skipping
+/// kIgnoreTarget, as one autograd op on tinylm's loops: each row's loss and its gradient
+/// (softmax - onehot) / count made in the same passes over a copy of the row, so the
+/// backward only scales the kept gradient. Rows in fixed blocks over the threads, the
+/// blocks' losses summed in block order (the same loss at every thread count).
+class SoftmaxCrossEntropy : public torch::autograd::Function<SoftmaxCrossEntropy> {
+ public:
+  static constexpr int64_t kRows = 64;
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                                                const torch::Tensor& targets) {
+    RECORD_USER_SCOPE("tinylm::cross_entropy");  // named for op profiles (tinylm bench)
+    const auto z = logits.contiguous();
+    const auto t = targets.contiguous();
+    const int64_t N = z.size(0), V = z.size(1), blocks = (N + kRows - 1) / kRows;
+    const int64_t* tg = t.data_ptr<int64_t>();
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (tg[n] == kIgnoreTarget) continue;
+      TORCH_CHECK(tg[n] >= 0 && tg[n] < V, "next_token_loss: target ", tg[n], " is outside the vocabulary [0, ", V,
+                  ") (and is not the ignored target ", kIgnoreTarget, ")");
+      ++count;
+    }
+    auto grad = torch::empty({N, V}, z.options().requires_grad(false));
+    std::vector<double> sums(static_cast<size_t>(blocks));
+    const float* from = z.data_ptr<float>();
+    float* to = grad.data_ptr<float>();
+    const float inv_count = 1.f / static_cast<float>(count);
+    const auto& table = cpu::table();
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t row = b * kRows, rows = std::min(kRows, N - row);
+        std::copy_n(from + row * V, rows * V, to + row * V);
+        sums[b] = table.softmax_cross_entropy(to + row * V, tg + row, rows, V, kIgnoreTarget, inv_count);
+      }
+    });
+    double total = 0;
+    for (const double v : sums) total += v;
+    ctx->save_for_backward({grad});
+    // No counted row: NaN, as cross_entropy's mean gives.
+    return {torch::full({}, total / static_cast<double>(count), z.options().requires_grad(false))};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_USER_SCOPE("tinylm::cross_entropy_backward");
+    const auto grad = ctx->get_saved_variables()[0];
+    return {grad * grads[0], torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets,
                               bool per_position) {
   TORCH_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
@@ -46,6 +107,12 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
               "next_token_loss: logits (B, T, V) and targets (B, T) disagree: ", logits.sizes(),
               " vs ", targets.sizes());
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  // Training's loss (the mean, with a gradient to make) on the loops where the logits are
+  // float32 on the CPU: LibTorch's takes a log-softmax pass, and three more backward.
+  if (!per_position && torch::GradMode::is_enabled() && logits.requires_grad() && logits.device().is_cpu() &&
+      logits.scalar_type() == torch::kFloat32 && targets.scalar_type() == torch::kLong && targets.device().is_cpu() &&
+      V > 0)
+    return SoftmaxCrossEntropy::apply(logits.reshape({B * T, V}), targets.reshape({B * T}))[0];
   namespace F = torch::nn::functional;
   auto options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreTarget);
   if (per_position) options.reduction(torch::kNone);

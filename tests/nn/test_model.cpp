@@ -513,3 +513,38 @@ TEST_CASE("next_logits is the last position of forward and of forward_cached, an
                Catch::Contains("exceeds context_length 10"));
   }
 }
+
+TEST_CASE("next_token_loss in training: LibTorch's cross-entropy and its gradient, ignored targets skipped",
+          "[nn][model][loss]") {
+  torch::manual_seed(21);
+  const int64_t B = 3, T = 70, V = GENERATE(256, 37);  // 37: rows of no whole vector; 210 rows: a last block of 18
+  INFO("V " << V);
+  auto logits = torch::randn({B, T, V}) * 3;
+  auto targets = torch::randint(V, {B, T});
+  targets.index_put_({0, torch::indexing::Slice(0, 9)}, kIgnoreTarget);
+  const auto upstream = torch::tensor(0.75f);
+  auto ours = logits.clone().requires_grad_();
+  auto loss = next_token_loss(ours, targets);
+  (loss * upstream).backward();
+  auto theirs = logits.clone().requires_grad_();
+  auto want = torch::nn::functional::cross_entropy(
+      theirs.reshape({B * T, V}), targets.reshape({B * T}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreTarget));
+  (want * upstream).backward();
+  CHECK(loss.dim() == 0);
+  CHECK(std::abs(loss.item<double>() - want.item<double>()) < 1e-6 * want.item<double>());
+  CHECK(max_abs_diff(ours.grad(), theirs.grad()) < 1e-7);
+  CHECK(ours.grad().index({0, torch::indexing::Slice(0, 9)}).abs().max().item<float>() == 0.f);
+  // The same loss without a gradient to make (evaluation): LibTorch's op.
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(std::abs(next_token_loss(logits, targets).item<double>() - want.item<double>()) < 1e-6 * want.item<double>());
+  }
+  // Every target ignored: NaN, as LibTorch's mean gives; a target past the vocabulary: refused.
+  auto none = torch::full({B, T}, kIgnoreTarget, torch::kLong);
+  CHECK(std::isnan(next_token_loss(logits.clone().requires_grad_(), none).item<double>()));
+  auto past = targets.clone();
+  past.index_put_({1, 3}, V);
+  CHECK_THROWS_WITH(next_token_loss(logits.clone().requires_grad_(), past),
+                    Catch::Contains("target " + std::to_string(V) + " is outside the vocabulary"));
+}
