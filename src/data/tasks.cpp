@@ -133,11 +133,26 @@ TextTask::TextTask(const std::string& path, int64_t seq_len, double val_fraction
 
 Batch TextTask::sample(int64_t batch_size, Split split, at::Generator& gen) {
   const auto& data = split == Split::train ? train_ : val_;
-  const int64_t n_windows = data.numel() - seq_len_;  // start offsets with T + 1 bytes after them
-  auto starts = torch::randint(n_windows, {batch_size, 1}, gen, torch::kLong);    // (B, 1)
-  auto index = starts + torch::arange(seq_len_ + 1, torch::kLong).unsqueeze(0);   // (B, T + 1)
-  auto rows = data.take(index).to(torch::kLong);                                  // (B, T + 1)
-  return shift(rows, 0);
+  const int64_t T = seq_len_, n_windows = data.numel() - T;  // start offsets with T + 1 bytes after them
+  const auto starts = torch::randint(n_windows, {batch_size, 1}, gen, torch::kLong);  // (B, 1)
+  // Each window's bytes copied by one loop: a training step's batch, where the tensor ops
+  // (index, take, cast, two shifted copies) were a dozen dispatches for a few KB.
+  Batch b;
+  b.inputs = torch::empty({batch_size, T}, torch::kLong);
+  b.targets = torch::empty({batch_size, T}, torch::kLong);
+  b.scored = torch::ones({batch_size, T}, torch::kBool);
+  const uint8_t* bytes = data.data_ptr<uint8_t>();  // a piece of one contiguous buffer
+  const int64_t* start = starts.data_ptr<int64_t>();
+  int64_t* inputs = b.inputs.data_ptr<int64_t>();
+  int64_t* targets = b.targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < batch_size; ++r) {
+    const uint8_t* window = bytes + start[r];
+    for (int64_t t = 0; t < T; ++t) {
+      inputs[r * T + t] = window[t];
+      targets[r * T + t] = window[t + 1];
+    }
+  }
+  return b;
 }
 
 }  // namespace tinylm::data

@@ -71,6 +71,17 @@ TEST_CASE("text task: byte-level, split train/validation, windows of T + 1 bytes
   CHECK(torch::equal((b.inputs - 'a' + 1) % 26, b.targets - 'a'));
   // Validation windows come from the last 20 bytes: positions 80..99 = letters 2..21 ('c'..'v').
   CHECK(b.inputs.min().item<int64_t>() >= 'c');
+  // The windows start where the generator's draws say, as the text's own bytes.
+  auto again = at::make_generator<at::CPUGeneratorImpl>(0);
+  const auto starts = torch::randint(20 - 8, {16, 1}, again, torch::kLong);
+  for (int64_t r = 0; r < 16; ++r)
+    for (int64_t t = 0; t < 8; ++t) {
+      const int64_t at = 80 + starts[r][0].item<int64_t>() + t;
+      CHECK(b.inputs[r][t].item<int64_t>() == text[at]);
+      CHECK(b.targets[r][t].item<int64_t>() == text[at + 1]);
+    }
+  CHECK(b.scored.dtype() == torch::kBool);
+  CHECK(b.scored.all().item<bool>());
   CHECK(task.decode(task.encode("héllo")) == "héllo");
   CHECK_THAT(error_message([&] { TextTask(path.string(), 30, 0.2); }),
              Catch::Contains("is too small: 100 bytes give 80 training and 20 validation bytes"));
