@@ -476,10 +476,8 @@ double Trainer::train_step(double* grad_norm) {
               "gradient clipping (grad_clip 1.0) or warmup (warmup_steps)");
   {
     RECORD_USER_SCOPE("tinylm::optimizer");  // named for op profiles (tinylm bench)
-    const double clip = options_.grad_clip();
-    const double norm = clip > 0 ? optimizer_->clip_grad_norm(clip) : 0.0;
+    const double norm = optimizer_->clip_and_step(options_.grad_clip(), lr);
     if (grad_norm) *grad_norm = norm;
-    optimizer_->step(lr);
   }
   ++state_.step;
   return loss_value;

@@ -278,3 +278,42 @@ TEST_CASE("the flat optimizer refuses a model moved, cast or given new gradients
     CHECK(max_abs_diff(model->lm_head->weight, before) > 0);
   }
 }
+
+TEST_CASE("flat Adam's clip_and_step: clip_grad_norm then step, bit for bit, the gradients left as they were",
+          "[train][optim][fused]") {
+  const auto isa = GENERATE(from_range(tinylm::test::runnable_isas()));  // the update's loops
+  tinylm::test::KernelGuard guard(isa);
+  const double max_norm = GENERATE(0.05, 1e9, 0.0);  // clipping, a bound never reached, none
+  INFO("loops " << tinylm::nn::to_string(isa) << " max_norm " << max_norm);
+  torch::manual_seed(9);
+  TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  {
+    torch::NoGradGuard g;
+    auto src = a->named_parameters();
+    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  train::AdamConfig c;
+  c.lr = 1e-2;
+  c.decoupled = true;
+  c.weight_decay = 0.1;
+  auto opt_a = train::make_flat_adam(*a, c);
+  auto opt_b = train::make_flat_adam(*b, c);
+  for (int s = 0; s < 3; ++s) {
+    auto ids = torch::randint(40, {4, 8}, torch::kLong);
+    for (auto* model : {a.ptr().get(), b.ptr().get()}) {
+      auto logits = model->forward(ids).logits;
+      torch::nn::functional::cross_entropy(logits.reshape({-1, 40}), ids.reshape({-1})).backward();
+    }
+    const auto grads_before = opt_b->gradients()[0].clone();
+    const double norm_a = max_norm > 0 ? opt_a->clip_grad_norm(max_norm) : 0.0;
+    opt_a->step(c.lr);
+    const double norm_b = opt_b->clip_and_step(max_norm, c.lr);
+    CHECK(norm_a == norm_b);
+    if (max_norm == 0.05) CHECK(norm_b > max_norm);  // the factor was applied
+    CHECK(torch::equal(opt_a->parameters()[0], opt_b->parameters()[0]));
+    CHECK(torch::equal(opt_b->gradients()[0], grads_before));
+    opt_a->zero_grad();
+    opt_b->zero_grad();
+  }
+}

@@ -58,6 +58,14 @@ class Optimizer {
   /// before scaling.
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void step(double lr) = 0;
+  /// clip_grad_norm(max_norm) (none for max_norm 0, returning 0) and step(lr) as one: the
+  /// same update, which an optimizer may make without writing the scaled gradients out
+  /// (the flat Adam scales them as its update reads them, and leaves them as they were).
+  virtual double clip_and_step(double max_norm, double lr) {
+    const double norm = max_norm > 0 ? clip_grad_norm(max_norm) : 0.0;
+    step(lr);
+    return norm;
+  }
   /// The optimizer's state as named CPU tensors (counters as 0-dim int64 tensors).
   virtual TensorMap state_dict() const = 0;
   /// Restores what state_dict() returned; refuses state that does not fit the model

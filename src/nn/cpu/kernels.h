@@ -60,6 +60,7 @@ struct AdamStep {
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float decay;         // lr * weight_decay (AdamW), 0 for Adam and where AdamW does not decay
+  float grad_scale = 1.f;  // each gradient multiplied by it first (gradient clipping's factor)
 };
 
 /// One instruction set's kernels.
