@@ -1,4 +1,6 @@
 // LibTorch Adam/AdamW behind tinylm's Optimizer interface, and the flat fused Adam.
+// Over 400 lines on purpose: both optimizers behind one interface, sharing the checks that
+// a saved state fits the model (entry, step_entry) and which parameters AdamW decays.
 #include <tinylm/train/optimizer.h>
 
 #include "nn/cpu/kernels.h"
@@ -255,31 +257,24 @@ class FlatAdam final : public Optimizer {
   double clip_grad_norm(double max_norm) override {
     check_in_place();
     const double norm = grads_.norm().item<double>();
-    if (norm > max_norm) grads_.mul_(clip_factor(norm, max_norm));
+    if (norm > max_norm) grads_.mul_(max_norm / (norm + 1e-6));
     return norm;
   }
 
-  void step(double lr) override { update(lr, 1.0); }
-
-  /// On the CPU's loops the clipping factor is applied as the update reads each gradient
-  /// (float32 products, as clip_grad_norm's multiplication makes them): the same update
-  /// without a pass that writes the gradients out.
+  /// On the CPU's loops the clipping factor multiplies each gradient as the update reads it
+  /// (the float32 products clip_grad_norm's multiplication makes), not in a pass of its own.
   double clip_and_step(double max_norm, double lr) override {
     if (max_norm <= 0 || !runs_loops()) return Optimizer::clip_and_step(max_norm, lr);
     check_in_place();
     const double norm = grads_.norm().item<double>();
-    update(lr, norm > max_norm ? clip_factor(norm, max_norm) : 1.0);
+    grad_scale_ = norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    step(lr);
     return norm;
   }
 
- private:
-  static double clip_factor(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
-
-  /// One Adam(W) step, the gradients multiplied by grad_scale as they are read (the CPU's
-  /// loops only: elsewhere it must be 1).
-  void update(double lr, double grad_scale) {
+  void step(double lr) override {
+    const double grad_scale = std::exchange(grad_scale_, 1.0);  // clip_and_step's, for this step only
     check_in_place();
-    TORCH_CHECK(grad_scale == 1.0 || runs_loops(), "flat Adam: a gradient scale off the CPU's loops");
     ++step_;
     const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step_));
     const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step_));
@@ -300,11 +295,10 @@ class FlatAdam final : public Optimizer {
       // AdamW's decoupled decay goes to the decayed spans only. On tinylm's loops:
       // the widest vectors the CPU runs (this file is built for the baseline).
       auto f = [](double x) { return static_cast<float>(x); };
-      nn::cpu::AdamStep decayed{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
-                                      f(c_.eps), f(step_size), f(inv_sqrt_bc2), f(decay)};
+      const nn::cpu::AdamStep decayed{f(c_.beta1), f(c_.beta2), f(1.0 - c_.beta1), f(1.0 - c_.beta2),
+                                      f(c_.eps), f(step_size), f(inv_sqrt_bc2), f(decay), f(grad_scale)};
       nn::cpu::AdamStep plain = decayed;
       plain.decay = 0.f;
-      decayed.grad_scale = plain.grad_scale = f(grad_scale);
       const auto& k = nn::cpu::table();
       const auto& spans = decay_spans_;
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
@@ -332,7 +326,6 @@ class FlatAdam final : public Optimizer {
     for (auto& param : watched_) param.unsafeGetTensorImpl()->bump_version();
   }
 
- public:
   /// step, exp_avg and exp_avg_sq (flat, N), and the parameter sizes they cover.
   TensorMap state_dict() const override {
     return {{"step", scalar_step(step_)},
@@ -399,6 +392,7 @@ class FlatAdam final : public Optimizer {
   std::string layout_;           // "name:numel" lines: what format-1 files recorded
   std::vector<int64_t> numels_;  // each parameter's size, in order
   int64_t step_ = 0;
+  double grad_scale_ = 1.0;  // set by clip_and_step for the step it makes
 };
 
 }  // namespace
