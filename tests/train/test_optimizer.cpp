@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <utility>
 
 using namespace tinylm;
 using namespace tinylm::nn;
@@ -19,17 +20,21 @@ using tinylm::test::max_abs_diff;
 
 namespace {
 
+/// Two small transformers with the same weights (drawn after `seed`).
+std::pair<TransformerLM, TransformerLM> twin_models(uint64_t seed) {
+  torch::manual_seed(seed);
+  TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
+  torch::NoGradGuard g;
+  auto src = a->named_parameters();
+  for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  return {a, b};
+}
+
 /// Trains two identical models for `steps` steps, one with LibTorch's Adam/AdamW and one
 /// with the flat fused version; returns the largest parameter difference at the end.
 double optimizer_divergence(bool adamw, int steps) {
-  torch::manual_seed(3);
-  TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
-  TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
-  {
-    torch::NoGradGuard g;
-    auto src = a->named_parameters();
-    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  auto [a, b] = twin_models(3);
   train::AdamConfig c;
   c.lr = 1e-2;
   c.decoupled = adamw;
@@ -285,14 +290,7 @@ TEST_CASE("flat Adam's clip_and_step: clip_grad_norm then step, bit for bit, the
   tinylm::test::KernelGuard guard(isa);
   const double max_norm = GENERATE(0.05, 1e9, 0.0);  // clipping, a bound never reached, none
   INFO("loops " << tinylm::nn::to_string(isa) << " max_norm " << max_norm);
-  torch::manual_seed(9);
-  TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
-  TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
-  {
-    torch::NoGradGuard g;
-    auto src = a->named_parameters();
-    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  auto [a, b] = twin_models(9);
   train::AdamConfig c;
   c.lr = 1e-2;
   c.decoupled = true;
