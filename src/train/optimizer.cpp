@@ -255,9 +255,8 @@ class FlatAdam final : public Optimizer {
   }
 
   double clip_grad_norm(double max_norm) override {
-    check_in_place();
-    const double norm = grads_.norm().item<double>();
-    if (norm > max_norm) grads_.mul_(max_norm / (norm + 1e-6));
+    const auto [norm, factor] = norm_and_clip_factor(max_norm);
+    if (norm > max_norm) grads_.mul_(factor);
     return norm;
   }
 
@@ -265,11 +264,17 @@ class FlatAdam final : public Optimizer {
   /// (the float32 products clip_grad_norm's multiplication makes), not in a pass of its own.
   double clip_and_step(double max_norm, double lr) override {
     if (max_norm <= 0 || !runs_loops()) return Optimizer::clip_and_step(max_norm, lr);
-    check_in_place();
-    const double norm = grads_.norm().item<double>();
-    grad_scale_ = norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    const auto [norm, factor] = norm_and_clip_factor(max_norm);
+    grad_scale_ = factor;
     step(lr);
     return norm;
+  }
+
+  /// The gradients' global L2 norm, and the factor that brings it to max_norm (1 under it).
+  std::pair<double, double> norm_and_clip_factor(double max_norm) const {
+    check_in_place();
+    const double norm = grads_.norm().item<double>();
+    return {norm, norm > max_norm ? max_norm / (norm + 1e-6) : 1.0};
   }
 
   void step(double lr) override {
