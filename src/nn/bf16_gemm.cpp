@@ -59,7 +59,7 @@ const uint16_t* packed_bf16(bool trans, int64_t rows, int64_t cols, const float*
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
   TORCH_CHECK(n >= 0, "round_to_bf16: negative count ", n);
-  const auto round = cpu::table().round_bf16;
+  const auto round = cpu::bf16_table().round_bf16;  // VCVTNEPS2BF16 where the CPU has it
   // Over the intra-op threads: a layer's activations are millions of floats.
   at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) { round(x + begin, y + begin, end - begin); });
 }

@@ -165,8 +165,9 @@ const KernelTable* avx512_table();
 const KernelTable* avx512bf16_table();
 /// Whether this CPU runs AVX512-BF16 code (and the AVX-512 set's).
 bool cpu_has_avx512_bf16();
-/// The set bfloat16 attention runs: the AVX-512 set built with AVX512-BF16 where the
-/// AVX-512 set is in use and the CPU has it, else table() (its products emulated).
+/// The set bfloat16 attention and the rounding to bfloat16 run: the AVX-512 set built with
+/// AVX512-BF16 where the AVX-512 set is in use and the CPU has it, else table() (its
+/// products emulated, its rounding in integer arithmetic: the same bits).
 const KernelTable& bf16_table();
 /// Whether this CPU runs AVX2 + FMA code.
 bool cpu_has_avx2();
