@@ -9,6 +9,9 @@
 #include <torch/utils.h>
 #include <torch/nn/modules/linear.h>
 
+#include <tuple>
+#include <utility>
+
 namespace tinylm::nn {
 
 // ---- LayerNorm -----------------------------------------------------------------
@@ -137,6 +140,20 @@ AttentionOutput TransformerBlockImpl::forward(const torch::Tensor& x, bool retur
   auto h = ln1(x + a.output);  // ln1(x + attn(x))
   h = ln2(h + mlp(h));         // ln2(x + mlp(x))
   return {h, a.weights};
+}
+
+std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_terms(const torch::Tensor& x0,
+                                                                           const torch::Tensor& x1,
+                                                                           const torch::Tensor& padding_mask) {
+  TORCH_CHECK(options.pre_ln(), "TransformerBlock::forward_terms: pre-LN blocks only (this one is post-LN)");
+  torch::Tensor x, normed;
+  if (x1.defined())
+    std::tie(x, normed) = ln1->forward_residual(x0, x1);  // x = x0 + x1, ln1(x)
+  else
+    x = x0, normed = ln1(x0);
+  auto a = attn(normed, false, padding_mask);
+  auto [h, normed2] = ln2->forward_residual(x, a.output);  // h = x + attn(ln1(x)), ln2(h)
+  return {h, mlp(normed2)};                                  // h + mlp(ln2(h)), as two terms
 }
 
 torch::Tensor TransformerBlockImpl::forward_cached(const torch::Tensor& x, torch::Tensor& keys,

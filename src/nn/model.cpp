@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -563,6 +564,13 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& ids, const torch::T
   if (learned_positions) x = x + learned_positions(T);             // + (T, D)
   if (sinusoidal_positions) x = x + sinusoidal_positions(T);       // + (T, D)
   x = torch::dropout(x, options.dropout(), is_training());
+  if (!weights && options.block().pre_ln()) {
+    // Each block's output as two terms, added by the next norm as it reads them.
+    torch::Tensor carry;  // (B, T, D), or undefined: x alone
+    for (const auto& module : *blocks)
+      std::tie(x, carry) = module->as<TransformerBlock>()->forward_terms(x, carry, padding_mask);
+    return carry.defined() ? ln_f->forward_residual(x, carry).second : ln_f(x);  // (B, T, D)
+  }
   for (const auto& module : *blocks) {
     auto r = module->as<TransformerBlock>()->forward(x, weights != nullptr, padding_mask);
     x = r.output;                                                  // (B, T, D)

@@ -126,6 +126,13 @@ class TransformerBlockImpl : public torch::nn::Cloneable<TransformerBlockImpl> {
   /// x: (B, T, D) -> (B, T, D); weights (B, H, T, T) when asked.
   AttentionOutput forward(const torch::Tensor& x, bool return_weights = false,
                           const torch::Tensor& padding_mask = {});
+  /// Pre-LN blocks only: the same output as forward's, as two terms {h, m} (output = h + m),
+  /// from an input given as two terms too (x = x0 + x1; x1 undefined: x0 alone). The sum
+  /// of the two terms is made by the norm that reads it (LayerNorm::forward_residual, one
+  /// pass where tinylm's loops run), so a stack of blocks passes its residual stream on
+  /// without an add of its own, forward or backward.
+  std::pair<torch::Tensor, torch::Tensor> forward_terms(const torch::Tensor& x0, const torch::Tensor& x1,
+                                                        const torch::Tensor& padding_mask = {});
 
   /// Incremental decoding through the block (see MultiHeadSelfAttention::forward_cached);
   /// with last_only, the last new token's output alone (B, 1, D).
