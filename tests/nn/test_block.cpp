@@ -5,6 +5,7 @@
 #include <tinylm/nn/model.h>
 
 #include <cmath>
+#include <tuple>
 
 using namespace tinylm::nn;
 using tinylm::test::error_message;
@@ -77,6 +78,44 @@ TEST_CASE("transformer block: pre-LN and post-LN follow their formulas", "[nn][b
   TransformerBlock b(TransformerBlockOptions(16, 4, 8));
   CHECK(b->ln1->options.eps() == 1e-5);
   CHECK(b(x, true).weights.sizes() == torch::IntArrayRef({2, 4, 6, 6}));
+}
+
+TEST_CASE("forward_terms: a stack's output as two terms, the same values and gradients as forward",
+          "[nn][block]") {
+  torch::manual_seed(5);
+  TransformerBlock b1(TransformerBlockOptions(16, 4, 8)), b2(TransformerBlockOptions(16, 4, 8));
+  LayerNorm ln_f(LayerNormOptions(16));
+  auto run = [&](bool terms) {
+    for (auto* m : {static_cast<torch::nn::Module*>(b1.get()), static_cast<torch::nn::Module*>(b2.get()),
+                    static_cast<torch::nn::Module*>(ln_f.get())})
+      m->zero_grad();
+    torch::manual_seed(6);
+    auto x = torch::randn({2, 6, 16}, torch::requires_grad());
+    torch::Tensor out;
+    if (terms) {
+      auto [h1, m1] = b1->forward_terms(x, {});
+      auto [h2, m2] = b2->forward_terms(h1, m1);  // b2 reads h1 + m1 through its ln1
+      out = ln_f->forward_residual(h2, m2).second;
+    } else {
+      out = ln_f(b2(b1(x).output).output);
+    }
+    (out * torch::randn({2, 6, 16})).sum().backward();  // (LayerNorm's output squared is near constant)
+    return std::make_tuple(out.detach(), x.grad(), b1->attn->qkv_proj->weight.grad().clone(),
+                           b2->ln1->weight.grad().clone());
+  };
+  const auto [y0, dx0, dw0, dg0] = run(false);
+  const auto [y1, dx1, dw1, dg1] = run(true);
+  CHECK(max_abs_diff(y0, y1) < 1e-5);
+  CHECK(max_abs_diff(dx0, dx1) < 1e-4);
+  CHECK(max_abs_diff(dw0, dw1) < 1e-4);
+  CHECK(max_abs_diff(dg0, dg1) < 1e-4);  // the norm that adds the terms passes on their gradient
+  CHECK(dg0.abs().max().item<double>() > 1e-2);
+  // The first block's terms alone are not its output: h1 + m1 is.
+  auto [h1, m1] = b1->forward_terms(torch::randn({2, 6, 16}), {});
+  CHECK(max_abs_diff(h1, h1 + m1) > 1e-2);
+  TransformerBlock post(TransformerBlockOptions(16, 4, 8).pre_ln(false));
+  CHECK_THAT(error_message([&] { post->forward_terms(torch::randn({2, 6, 16}), {}); }),
+             Catch::Contains("pre-LN blocks only"));
 }
 
 // The reference demo: an embedding of 128 ids (PyTorch's default init), 6 blocks
