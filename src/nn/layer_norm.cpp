@@ -85,7 +85,9 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto sums = torch::zeros({has_bias ? 2 : 1, D}, h.options());
     float* total = floats(sums);
     const float* part = floats(partial);
-    for (int64_t i = 0; i < partial.numel(); ++i) total[i % sums.numel()] += part[i];  // blocks in order
+    const int64_t width = sums.numel();  // the gain's sums, then the bias's
+    for (int64_t block = 0; block < blocks; ++block)  // blocks in order
+      for (int64_t i = 0; i < width; ++i) total[i] += part[block * width + i];
     return {dx, fused ? dx : torch::Tensor(), sums[0].view_as(w), has_bias ? sums[1].view_as(w) : torch::Tensor(),
             torch::Tensor(), torch::Tensor()};
   }
