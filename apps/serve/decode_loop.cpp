@@ -15,6 +15,12 @@ bool TokenStream::take(std::vector<int64_t>& out, std::chrono::milliseconds wait
                        std::chrono::microseconds spacing) {
   std::unique_lock<std::mutex> lock(mutex_);
   ready_.wait_for(lock, wait, [this] { return (every_token_ && !tokens_.empty()) || over_; });
+  if (spacing.count() > 0 && tokens_.size() > 1 && last_take_ == std::chrono::steady_clock::time_point{}) {
+    out.push_back(tokens_.front());  // the first token alone; the rest with the next call
+    tokens_.erase(tokens_.begin());
+    last_take_ = std::chrono::steady_clock::now();
+    return true;
+  }
   if (spacing.count() > 0 && !tokens_.empty() && !over_) {
     const auto due = last_take_ + spacing;
     if (std::chrono::steady_clock::now() < due) {

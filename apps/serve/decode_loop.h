@@ -25,7 +25,10 @@ class TokenStream {
   /// Appends the tokens made since the last call to `out`, waiting up to `wait` for one.
   /// `spacing`: a token that comes sooner than that after the previous call's return
   /// waits out the rest of it, with those that follow (at most one event per spacing
-  /// where tokens come faster; the first token and a slow model's go out at once).
+  /// where tokens come faster; a slow model's go out at once). With a spacing, the first
+  /// call that finds tokens returns the first alone, at once, even where the loop made
+  /// more before this thread looked (a fast model, a busy machine): a stream's first event
+  /// is its first token.
   /// False once the sequence is over and every token was taken (or it failed: error()).
   bool take(std::vector<int64_t>& out, std::chrono::milliseconds wait,
             std::chrono::microseconds spacing = std::chrono::microseconds(0));
