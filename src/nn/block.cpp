@@ -146,11 +146,11 @@ std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_terms(cons
                                                                            const torch::Tensor& x1,
                                                                            const torch::Tensor& padding_mask) {
   TORCH_CHECK(options.pre_ln(), "TransformerBlock::forward_terms: pre-LN blocks only (this one is post-LN)");
-  torch::Tensor x, normed;
+  torch::Tensor x = x0, normed;
   if (x1.defined())
     std::tie(x, normed) = ln1->forward_residual(x0, x1);  // x = x0 + x1, ln1(x)
   else
-    x = x0, normed = ln1(x0);
+    normed = ln1(x0);
   auto a = attn(normed, false, padding_mask);
   auto [h, normed2] = ln2->forward_residual(x, a.output);  // h = x + attn(ln1(x)), ln2(h)
   return {h, mlp(normed2)};                                  // h + mlp(ln2(h)), as two terms
