@@ -265,8 +265,7 @@ class FlatAdam final : public Optimizer {
   double clip_and_step(double max_norm, double lr) override {
     if (max_norm <= 0 || !runs_loops()) return Optimizer::clip_and_step(max_norm, lr);
     const auto [norm, factor] = norm_and_clip_factor(max_norm);
-    grad_scale_ = factor;
-    step(lr);
+    update(lr, factor);
     return norm;
   }
 
@@ -277,8 +276,11 @@ class FlatAdam final : public Optimizer {
     return {norm, norm > max_norm ? max_norm / (norm + 1e-6) : 1.0};
   }
 
-  void step(double lr) override {
-    const double grad_scale = std::exchange(grad_scale_, 1.0);  // clip_and_step's, for this step only
+  void step(double lr) override { update(lr, 1.0); }
+
+  /// One Adam(W) step, each gradient multiplied by grad_scale as it is read (clip_and_step's
+  /// factor; 1 otherwise, and always off the CPU's loops, where clip_and_step clips first).
+  void update(double lr, double grad_scale) {
     check_in_place();
     ++step_;
     const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step_));
@@ -397,7 +399,6 @@ class FlatAdam final : public Optimizer {
   std::string layout_;           // "name:numel" lines: what format-1 files recorded
   std::vector<int64_t> numels_;  // each parameter's size, in order
   int64_t step_ = 0;
-  double grad_scale_ = 1.0;  // set by clip_and_step for the step it makes
 };
 
 }  // namespace
