@@ -7,6 +7,8 @@
 #include "nn/cpu/kernels.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -313,6 +315,39 @@ std::vector<const tinylm::nn::cpu::KernelTable*> bf16_attention_tables() {
 }
 
 }  // namespace
+
+TEST_CASE("the AVX-512 sets' exp (VSCALEFPS) gives the AVX2 set's bits over the float range", "[nn][exp]") {
+  // The AVX-512 sets scale the polynomial by 2^n in one instruction, zeroing underflow by
+  // its mask; the AVX2 set builds 2^n from its bits and selects 0: the same float for every
+  // input, NaN and the infinities included. Every 509th bit pattern (8.4M, both signs).
+  // (Where the CPU runs no AVX-512 code, the AVX2 set is compared with itself.)
+  REQUIRE(cpu_isa_available(CpuIsa::avx2));
+  const auto* reference = tinylm::nn::cpu::avx2_table();
+  std::vector<const tinylm::nn::cpu::KernelTable*> tables;
+  for (const auto* table : bf16_attention_tables())
+    if (table != &tinylm::nn::cpu::generic_table()) tables.push_back(table);  // (no FMA: other roundings)
+  std::vector<float> x;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 509) {
+    const auto bits = static_cast<uint32_t>(u);
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    x.push_back(f);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  x.insert(x.end(), {-87.3365448f, std::nextafter(-87.3365448f, 0.f), std::nextafter(-87.3365448f, -inf), 88.0f,
+                     88.5f, inf, -inf, std::nanf("")});
+  std::vector<float> want(x.size()), got(x.size());
+  reference->exp(x.data(), want.data(), static_cast<int64_t>(x.size()));
+  for (const auto* table : tables) {
+    INFO(table->isa);
+    table->exp(x.data(), got.data(), static_cast<int64_t>(x.size()));
+    size_t differing = 0, first = x.size();
+    for (size_t i = 0; i < x.size(); ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && differing++ == 0) first = i;
+    INFO("first differing input " << (first < x.size() ? x[first] : 0.f));
+    CHECK(differing == 0);
+  }
+}
 
 TEST_CASE("rounding a gradient with its column sums: round_bf16's bits and row-order float sums",
           "[nn][bf16]") {
