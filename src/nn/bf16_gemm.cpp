@@ -121,11 +121,12 @@ dnnl::memory::desc operand(bool trans, int64_t rows, int64_t cols, int64_t ld, d
 }
 
 /// The primitive for C (M x N, row stride ldc) (+)= op(A) op(B) (+ a bias row), made once
-/// per shape and thread.
+/// per shape, thread and intra-op thread count: oneDNN fixes a primitive's split over the
+/// threads when it makes it, so one made under 1 thread would run on 1 thread ever after.
 std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                                    int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
                                                    bool bias = false) {
-  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate, bias};
+  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate, bias, at::get_num_threads()};
   auto it = t.products.find(key);
   if (it != t.products.end()) return it->second;
   // A server sees many shapes (prompt lengths, batch widths): the cache is bounded.
