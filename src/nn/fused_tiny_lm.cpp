@@ -24,6 +24,7 @@
 
 #include "attention_kernels.h"
 #include "nn/float_data.h"
+#include "nn/gradient_slots.h"
 #include "nn/saved_policy.h"
 #include "nn/token_ids.h"
 
@@ -108,7 +109,7 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     auto Wqkv = Wqkv_in.contiguous(), Wo = Wo_in.contiguous(), Wh = Wh_in.contiguous();
     const int64_t B = ids.size(0), T = ids.size(1), D = E.size(1), V = Wh.size(0);
     const Layout L{B, T, D, n_heads, V, B * T};
-    const int64_t N = L.N, rows = E.size(0);
+    const int64_t N = L.N;
     const int64_t* id = ids.data_ptr<int64_t>();
     const int64_t* tg = targets.data_ptr<int64_t>();
 
@@ -139,8 +140,9 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
     const double loss = cpu::table().softmax_cross_entropy(z, tg, N, V, ignore,
                                                            1.f / static_cast<float>(count));
     ctx->save_for_backward({ids, ws, Wqkv, Wo, Wh});
+    // The parameters themselves: where their gradients may go (gradient_destination).
+    ctx->saved_data["params"] = std::vector<torch::Tensor>{E_in, Wqkv_in, bqkv, Wo_in, bo, Wh_in, bh};
     ctx->saved_data["n_heads"] = n_heads;
-    ctx->saved_data["emb_rows"] = rows;
     save_policy(ctx, policy);
     return {torch::full({}, loss / static_cast<double>(count), E.options())};
   }
@@ -171,11 +173,12 @@ class FusedTinyLMLoss : public torch::autograd::Function<FusedTinyLMLoss> {
       for (int64_t i = 0; i < N * V; ++i) dz_scaled[i] = dz[i] * g;
       dz = dz_scaled;
     }
-    auto opts = ws.options();
-    auto dWh = torch::empty({V, D}, opts), dbh = torch::empty({V}, opts);
-    auto dWo = torch::empty({D, D}, opts), dbo = torch::empty({D}, opts);
-    auto dWqkv = torch::empty({3 * D, D}, opts), dbqkv = torch::empty({3 * D}, opts);
-    auto dE = torch::zeros({ctx->saved_data["emb_rows"].toInt(), D}, opts);
+    // Each gradient where the optimizer keeps it, if it offered a place (gradient_slots.h).
+    const auto params = ctx->saved_data["params"].toTensorVector();  // E, Wqkv, bqkv, Wo, bo, Wh, bh
+    auto dE = gradient_destination(params[0]).zero_();
+    auto dWqkv = gradient_destination(params[1]), dbqkv = gradient_destination(params[2]);
+    auto dWo = gradient_destination(params[3]), dbo = gradient_destination(params[4]);
+    auto dWh = gradient_destination(params[5]), dbh = gradient_destination(params[6]);
 
     product(policy, true, false, V, D, N, dz, V, o, D, dWh.data_ptr<float>(), D);  // dzᵀ o
     column_sums(dz, N, V, dbh.data_ptr<float>());

@@ -7,6 +7,7 @@
 #include "nn/cpu/kernels.h"
 #include "nn/float_data.h"
 #include "nn/gelu.h"
+#include "nn/gradient_slots.h"
 #include "nn/saved_policy.h"
 #include "nn/weight_packing.h"
 
@@ -81,16 +82,14 @@ std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Te
     }
   });
   if (!sums_wanted) return {out, torch::Tensor()};
-  auto total = torch::empty({N}, c.options().requires_grad(false));
+  auto total = partial[0].clone();  // block 0's sums, then the others' added in order
   float* t = total.data_ptr<float>();
-  std::copy_n(sums, N, t);
   for (int64_t b = 1; b < blocks; ++b)
     for (int64_t j = 0; j < N; ++j) t[j] += sums[b * N + j];
   return {out, total};
 }
 
-/// gelu(a) rounded to bfloat16 (M x N, packed), GELU's float32 result kept only a chunk at
-/// a time in a buffer of the thread's.
+/// gelu(a) rounded to bfloat16 (M x N, packed); GELU's float32 result only a chunk at a time, in a thread's buffer.
 torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
   constexpr int64_t kChunk = 4096;
   auto out = torch::empty(a.sizes(), a.options().dtype(torch::kBFloat16).requires_grad(false));
@@ -216,6 +215,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     }
     ctx->save_for_backward({x2, w});
     save_policy(ctx, policy);
+    ctx->saved_data["weight"] = weight;  // the parameter itself: where dW may go (gradient_destination)
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     return {rows_as(y, x)};
@@ -251,7 +251,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
-      dw = torch::empty({N, K}, dy.options());
+      dw = gradient_destination(ctx->saved_data["weight"].toTensor());
       product(true, N, K, M, dy_operand, N, x, dw);  // dW = dyᵀ x
     }
     return {dx, dw, db, torch::Tensor()};
@@ -285,6 +285,7 @@ class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
     nn::gemm_bf16(false, true, M, N, F, bits(h), F, bits(proj), F, floats(y), N, false,
                   b2.numel() > 0 ? bias2.data_ptr<float>() : nullptr);
     ctx->save_for_backward({x2, fc, a, h, proj});
+    ctx->saved_data["weights"] = std::vector<torch::Tensor>{w1, w2};  // where dW1, dW2 may go (gradient_destination)
     ctx->saved_data["exact"] = exact;
     ctx->saved_data["bias1"] = b1.numel() > 0;
     ctx->saved_data["bias2"] = b2.numel() > 0;
@@ -305,7 +306,7 @@ class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
     else
       dy16 = rounded(dy);
     if (ctx->needs_input_grad(3)) {  // dW2 = dyᵀ h
-      dw2 = torch::empty({N, F}, dy.options());
+      dw2 = gradient_destination(ctx->saved_data["weights"].toTensorVector()[1]);
       nn::gemm_bf16(true, false, N, F, M, bits(dy16), N, bits(h), F, floats(dw2), F, false);
     }
     auto dh = torch::empty({M, F}, dy.options());  // dh = dy W2
@@ -316,7 +317,7 @@ class Bf16GeluMlp : public torch::autograd::Function<Bf16GeluMlp> {
                                                      ctx->saved_data["bias1"].toBool() && ctx->needs_input_grad(2));
     }
     if (ctx->needs_input_grad(1)) {  // dW1 = daᵀ x
-      dw1 = torch::empty({F, D}, dy.options());
+      dw1 = gradient_destination(ctx->saved_data["weights"].toTensorVector()[0]);
       nn::gemm_bf16(true, false, F, D, M, bits(da16), F, bits(x2), D, floats(dw1), D, false);
     }
     if (ctx->needs_input_grad(0)) {  // dx = da W1

@@ -4,6 +4,7 @@
 #include <tinylm/train/optimizer.h>
 
 #include "nn/cpu/kernels.h"
+#include "nn/gradient_slots.h"
 
 #include <ATen/Parallel.h>
 #include <torch/types.h>
@@ -243,15 +244,25 @@ class FlatAdam final : public Optimizer {
       names_.push_back(p.key());
       watched_.push_back(param);
       data_.push_back(param.data_ptr());
-      grad_data_.push_back(param.grad().data_ptr());
+      grad_slots_.push_back(param.grad());
       numels_.push_back(k);
+      nn::offer_gradient_slot(param, param.grad(), this);
       offset += k;
     }
   }
 
+  ~FlatAdam() override { nn::withdraw_gradient_slots(this); }
+  FlatAdam(const FlatAdam&) = delete;
+  FlatAdam& operator=(const FlatAdam&) = delete;
+
+  /// The gradients set to None, as PyTorch's zero_grad does: the ops that make a whole
+  /// gradient (Linear layers' dW) then write it straight into its place in the flat buffer
+  /// (nn::gradient_destination), and gather_gradients() zeroes only the places no gradient
+  /// came to. No pass zeroing every gradient, none adding each new one into a zero.
   void zero_grad() override {
     check_in_place();
-    grads_.zero_();
+    for (auto& param : watched_) param.mutable_grad() = torch::Tensor();
+    nn::free_gradient_slots(this);
   }
 
   double clip_grad_norm(double max_norm) override {
@@ -271,7 +282,7 @@ class FlatAdam final : public Optimizer {
 
   /// The gradients' global L2 norm, and the factor that brings it to max_norm (1 under it).
   std::pair<double, double> norm_and_clip_factor(double max_norm) const {
-    check_in_place();
+    gather_gradients();
     const double norm = grads_.norm().item<double>();
     return {norm, norm > max_norm ? max_norm / (norm + 1e-6) : 1.0};
   }
@@ -281,7 +292,7 @@ class FlatAdam final : public Optimizer {
   /// One Adam(W) step, each gradient multiplied by grad_scale as it is read (clip_and_step's
   /// factor; 1 otherwise, and always off the CPU's loops, where clip_and_step clips first).
   void update(double lr, double grad_scale) {
-    check_in_place();
+    gather_gradients();
     ++step_;
     const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step_));
     const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step_));
@@ -362,7 +373,7 @@ class FlatAdam final : public Optimizer {
   }
   std::string kind() const override { return c_.decoupled ? "flat-adamw" : "flat-adam"; }
   std::vector<torch::Tensor> gradients() const override {
-    check_in_place();
+    gather_gradients();
     return {grads_};
   }
   std::vector<torch::Tensor> parameters() const override {
@@ -371,18 +382,44 @@ class FlatAdam final : public Optimizer {
   }
 
  private:
-  /// The model's parameters and their gradients must still be the views into the flat
-  /// buffers: model->to(dtype or device), set_data or a replaced .grad() would leave this
-  /// optimizer updating buffers the model no longer reads.
+  /// The model's parameters must still be the views into the flat buffer: model->to(dtype
+  /// or device) or set_data would leave this optimizer updating a buffer the model no
+  /// longer reads.
   void check_in_place() const {
     for (size_t i = 0; i < watched_.size(); ++i) {
       const auto& p = watched_[i];
-      TORCH_CHECK(p.data_ptr() == data_[i] && p.grad().defined() && p.grad().data_ptr() == grad_data_[i],
+      TORCH_CHECK(p.data_ptr() == data_[i],
                   "the flat Adam optimizer no longer holds parameter '", names_[i],
-                  "': the model was moved, cast, or had its parameters or gradients replaced after "
+                  "': the model was moved, cast, or had its parameters replaced after "
                   "the optimizer was built (now ", p.scalar_type(), " on ", p.device(),
-                  "). Build the optimizer after the model is on its device and dtype, and do not "
-                  "set gradients to None");
+                  "). Build the optimizer after the model is on its device and dtype");
+    }
+  }
+
+  /// check_in_place(), then each gradient put in its place in the flat buffer (and the
+  /// parameter's .grad() made that place again): none (zero_grad set it to None, or the
+  /// parameter took no part) is zeros; one made elsewhere (autograd's own ops, a tied
+  /// weight's second use, a gradient set by hand) is copied in.
+  void gather_gradients() const {
+    check_in_place();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < watched_.size(); ++i) {
+      auto& grad = const_cast<torch::Tensor&>(watched_[i]).mutable_grad();
+      const auto& slot = grad_slots_[i];
+      if (grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.sizes() == slot.sizes() &&
+          grad.strides() == slot.strides())
+        continue;
+      if (!grad.defined()) {
+        slot.zero_();
+      } else {
+        TORCH_CHECK(grad.sizes() == slot.sizes() && grad.scalar_type() == slot.scalar_type() &&
+                        grad.device() == slot.device(),
+                    "the gradient of parameter '", names_[i], "' is ", grad.sizes(), " ", grad.scalar_type(), " on ",
+                    grad.device(), ", the parameter ", slot.sizes(), " ", slot.scalar_type(), " on ", slot.device(),
+                    ": give each parameter a gradient of its own size, dtype and device");
+        slot.copy_(grad);
+      }
+      grad = slot;
     }
   }
 
@@ -391,7 +428,8 @@ class FlatAdam final : public Optimizer {
 
   std::vector<std::string> names_;
   std::vector<torch::Tensor> watched_;              // the model's own parameter variables
-  std::vector<const void*> data_, grad_data_;       // where they must keep pointing
+  std::vector<const void*> data_;                   // where they must keep pointing
+  std::vector<torch::Tensor> grad_slots_;           // each one's gradient's place in grads_
   AdamConfig c_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;  // flat (N)
   torch::Tensor decay_;  // flat (N), 1 where AdamW decays: off the CPU's loops only

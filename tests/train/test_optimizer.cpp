@@ -1,7 +1,9 @@
 // src/train/optimizer.cpp: flat Adam/AdamW against LibTorch's, weight decay, refusals.
 #include "../test_util.h"
 #include "core_runs.h"
+#include "nn/linear.h"
 
+#include <tinylm/nn/cpu_kernels.h>
 #include <tinylm/nn/model.h>
 #include <tinylm/train/optimizer.h>
 #include <tinylm/train/trainer.h>
@@ -185,8 +187,137 @@ TEST_CASE("flat Adam keeps parameters and gradients in one buffer each", "[train
     REQUIRE(p.grad().defined());
     CHECK(p.grad().storage().is_alias_of(params.front().grad().storage()));
   }
+  // zero_grad sets them to None, as PyTorch's does; the optimizer reads zeros for them.
   opt->zero_grad();
-  for (const auto& p : params) CHECK(p.grad().abs().max().item<double>() == 0.0);
+  for (const auto& p : params) CHECK_FALSE(p.grad().defined());
+  CHECK(opt->gradients()[0].abs().max().item<double>() == 0.0);
+  for (const auto& p : params) CHECK(p.grad().storage().is_alias_of(opt->gradients()[0].storage()));
+}
+
+namespace {
+
+/// With the gradients set to None, each Linear layer's dW goes straight to its place in the
+/// flat buffer (nn::gradient_destination); the rest (biases, norms, embeddings, a tied
+/// head's second use) is gathered. Every gradient must equal, bit for bit, what a twin
+/// model without the optimizer gets from autograd, after one backward and after a second
+/// one adding to it (micro-batches).
+void check_gradients_in_place(bool bf16) {
+  const bool tied = GENERATE(false, true);
+  INFO((tied ? "tied head" : "own head") << (bf16 ? ", bfloat16 products" : ", float32"));
+  torch::manual_seed(4);
+  auto options = TransformerLMOptions(40, 16, 32, 2, 2).dropout(0.0).tie_weights(tied);
+  TransformerLM a(options), b(options);
+  {
+    torch::NoGradGuard g;
+    auto src = a->named_parameters();
+    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  KernelPolicy policy;
+  policy.small_gemm_flops = 0;  // every Linear product through tinylm's (linear_uses_gemm)
+  policy.bf16_products = bf16;
+  a->set_kernel_policy(policy);
+  b->set_kernel_policy(policy);
+  train::AdamConfig c;
+  auto opt = train::make_flat_adam(*b, c);
+  const auto flat = b->parameters().front().grad().storage();  // the flat gradient buffer
+  auto ids = torch::randint(40, {3, 16}, torch::kLong);
+  // Pass 0 before any zero_grad (the gradients are the buffer's zeros, as the optimizer was
+  // built); passes 1 and 2 after one (None): 1 writes in place, 2 adds into it.
+  for (int pass = 0; pass <= 2; ++pass) {
+    if (pass == 1) {
+      opt->zero_grad();
+      a->zero_grad();
+    }
+    for (auto* model : {a.ptr().get(), b.ptr().get()})
+      torch::nn::functional::cross_entropy(model->forward(ids).logits.reshape({-1, 40}), ids.reshape({-1})).backward();
+    auto pa = a->named_parameters();
+    int64_t in_place = 0;
+    for (const auto& p : b->named_parameters()) {
+      INFO("pass " << pass << ": " << p.key());
+      REQUIRE(p.value().grad().defined());
+      CHECK(torch::equal(p.value().grad(), pa[p.key()].grad()));
+      in_place += p.value().grad().storage().is_alias_of(flat) ? 1 : 0;
+    }
+    // At least the four Linear weights of each block in the buffer.
+    CHECK(in_place >= 8);
+    // What the optimizer reads: every gradient, in parameter order.
+    std::vector<torch::Tensor> expected;
+    for (const auto& p : b->named_parameters()) expected.push_back(pa[p.key()].grad().reshape({-1}));
+    CHECK(torch::equal(opt->gradients()[0], torch::cat(expected)));
+  }
+  // After zero_grad, a parameter that gets no gradient reads 0, not the last step's.
+  opt->zero_grad();
+  b->blocks[0]->as<TransformerBlock>()->mlp->fc->weight.mul(0).sum().backward();
+  CHECK(opt->gradients()[0].abs().max().item<double>() == 0.0);
+  // One weight in two Linear products of one backward: the first dW to be made takes the
+  // slot, the second its own tensor, and autograd sums the two.
+  struct Twice : torch::nn::Module {
+    torch::Tensor w;
+    Twice() { w = register_parameter("w", torch::randn({32, 32}) / 8); }
+    torch::Tensor forward(const torch::Tensor& x, const KernelPolicy& p) {
+      return nn::linear(torch::tanh(nn::linear(x, w, {}, p)), w, {}, p);
+    }
+  };
+  Twice one, two;
+  {
+    torch::NoGradGuard g;
+    two.w.copy_(one.w);
+  }
+  auto opt_two = train::make_flat_adam(two, c);
+  opt_two->zero_grad();
+  const auto x = torch::randn({48, 32});
+  one.forward(x, policy).square().sum().backward();
+  two.forward(x, policy).square().sum().backward();
+  CHECK(torch::equal(opt_two->gradients()[0], one.w.grad().reshape({-1})));
+}
+
+}  // namespace
+
+TEST_CASE("flat Adam: Linear layers' weight gradients written in its buffer, each as autograd's",
+          "[train][optim][fused]") {
+  check_gradients_in_place(false);
+}
+
+TEST_CASE("flat Adam: the reference model's fused loss writes every gradient in its buffer, as autograd's",
+          "[train][optim][fused]") {
+  torch::manual_seed(6);
+  nn::TinyAttentionLM a(nn::TinyAttentionLMOptions(20, 8, 16, 2)), b(nn::TinyAttentionLMOptions(20, 8, 16, 2));
+  {
+    torch::NoGradGuard g;
+    auto src = a->named_parameters();
+    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  train::AdamConfig c;
+  auto opt = train::make_flat_adam(*b, c);
+  const auto flat = b->parameters().front().grad().storage();
+  opt->zero_grad();
+  const auto ids = torch::randint(20, {3, 8}, torch::kLong), targets = torch::randint(20, {3, 8}, torch::kLong);
+  for (int pass = 1; pass <= 2; ++pass) {  // 2: adding into the first
+    a->loss(ids, targets).backward();
+    b->loss(ids, targets).backward();
+    auto pa = a->named_parameters();
+    int64_t in_place = 0, count = 0;
+    for (const auto& p : b->named_parameters()) {
+      INFO("pass " << pass << ": " << p.key());
+      REQUIRE(p.value().grad().defined());
+      CHECK(torch::equal(p.value().grad(), pa[p.key()].grad()));
+      in_place += p.value().grad().storage().is_alias_of(flat) ? 1 : 0;
+      ++count;
+    }
+    CHECK(in_place == count);  // none made elsewhere and copied in
+  }
+}
+
+TEST_CASE("flat Adam with bfloat16 products: weight gradients written in its buffer, each as autograd's",
+          "[train][optim][fused][bf16]") {
+  if (!nn::bf16_products_missing().empty()) {  // refused here (the emulated run covers it)
+    KernelPolicy policy;
+    policy.bf16_products = true;
+    CHECK_THAT(error_message([&] { nn::linear(torch::randn({4, 8}), torch::randn({3, 8}), {}, policy); }),
+               Catch::Contains(nn::bf16_products_missing()));
+    return;
+  }
+  check_gradients_in_place(true);
 }
 
 TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train][optim]") {
@@ -255,7 +386,7 @@ TEST_CASE("AdamW decays Linear weights only, by module kind", "[train][optim][li
   CHECK(decayed_parameters(*bare) == std::set<std::string>{"weight"});
 }
 
-TEST_CASE("the flat optimizer refuses a model moved, cast or given new gradients",
+TEST_CASE("the flat optimizer refuses a model moved or cast, or a gradient that does not fit",
           "[train][optim][library][errors]") {
   AdamConfig c;
   SECTION("cast") {
@@ -267,11 +398,13 @@ TEST_CASE("the flat optimizer refuses a model moved, cast or given new gradients
                    Catch::Contains("moved, cast") && Catch::Contains("now Double"));
     CHECK_THAT(error_message([&] { opt->step(1e-3); }), Catch::Contains("no longer holds"));
   }
-  SECTION("gradients set to None") {
+  SECTION("a gradient of another size") {
     nn::TinyAttentionLM model(nn::TinyAttentionLMOptions(20, 8, 16, 2));
     auto opt = make_flat_adam(*model, c);
-    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-    CHECK_THAT(error_message([&] { opt->step(1e-3); }), Catch::Contains("gradients replaced"));
+    opt->zero_grad();
+    model->lm_head->weight.mutable_grad() = torch::zeros({3});
+    CHECK_THAT(error_message([&] { opt->step(1e-3); }),
+               Catch::Contains("the gradient of parameter 'lm_head.weight' is [3]") && Catch::Contains("own size"));
   }
   SECTION("untouched: steps work") {
     nn::TinyAttentionLM model(nn::TinyAttentionLMOptions(20, 8, 16, 2));

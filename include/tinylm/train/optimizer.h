@@ -88,10 +88,14 @@ class Optimizer {
 std::unique_ptr<Optimizer> make_torch_adam(torch::nn::Module& model, const AdamConfig& config);
 
 /// The same update, fused: the model's parameters are re-pointed at views of one flat
-/// buffer and their gradients at views of another, so zeroing, clipping and the update
-/// are each one pass over memory (a single loop on the CPU). Call after the model is on
-/// its device and dtype: moving or casting the model afterwards (or replacing a parameter
-/// or its gradient) makes the next zero_grad/clip/step throw instead of training nothing.
+/// buffer and their gradients at views of another, so clipping and the update are each
+/// one pass over memory (a single loop on the CPU). zero_grad() sets the gradients to None
+/// (PyTorch's default): Linear layers' backward then writes dW straight into the buffer
+/// (nn::gradient_destination), and clip/step/gradients() copy in any gradient made
+/// elsewhere and read zeros for a parameter that got none. Call after the model is on its
+/// device and dtype: moving or casting the model afterwards (or replacing a parameter)
+/// makes the next zero_grad/clip/step throw instead of training nothing, as does a
+/// gradient set by hand to another size, dtype or device.
 std::unique_ptr<Optimizer> make_flat_adam(torch::nn::Module& model, const AdamConfig& config);
 
 }  // namespace tinylm::train
