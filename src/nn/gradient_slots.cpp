@@ -51,9 +51,11 @@ torch::Tensor gradient_destination(const torch::Tensor& param) {
     std::lock_guard<std::mutex> lock(g_slots_mutex);
     auto& map = offered_slots();
     const auto it = map.find(param.unsafeGetTensorImpl());
+    // Alive, the offered parameter is the tensor at this address; its size, dtype and device
+    // are checked again as set_data (a cast model) changes them in place.
     if (it != map.end() && !it->second.taken && !param.grad().defined() && !it->second.param.expired() &&
-        it->second.param.lock().get() == param.unsafeGetTensorImpl() && it->second.slot.sizes() == param.sizes() &&
-        it->second.slot.scalar_type() == param.scalar_type() && it->second.slot.device() == param.device()) {
+        it->second.slot.sizes() == param.sizes() && it->second.slot.scalar_type() == param.scalar_type() &&
+        it->second.slot.device() == param.device()) {
       it->second.taken = true;
       return it->second.slot.view(param.sizes());  // a tensor of its own: autograd may take it as .grad()
     }

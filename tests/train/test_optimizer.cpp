@@ -22,14 +22,19 @@ using tinylm::test::max_abs_diff;
 
 namespace {
 
+/// `to`'s parameters set to `from`'s (the same architecture).
+void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard g;
+  auto src = from.named_parameters();
+  for (auto& p : to.named_parameters()) p.value().copy_(src[p.key()]);
+}
+
 /// Two small transformers with the same weights (drawn after `seed`).
 std::pair<TransformerLM, TransformerLM> twin_models(uint64_t seed) {
   torch::manual_seed(seed);
   TransformerLM a(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
   TransformerLM b(TransformerLMOptions(40, 8, 16, 2, 2).dropout(0.0));
-  torch::NoGradGuard g;
-  auto src = a->named_parameters();
-  for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
+  copy_parameters(*a, *b);
   return {a, b};
 }
 
@@ -207,11 +212,7 @@ void check_gradients_in_place(bool bf16) {
   torch::manual_seed(4);
   auto options = TransformerLMOptions(40, 16, 32, 2, 2).dropout(0.0).tie_weights(tied);
   TransformerLM a(options), b(options);
-  {
-    torch::NoGradGuard g;
-    auto src = a->named_parameters();
-    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  copy_parameters(*a, *b);
   KernelPolicy policy;
   policy.small_gemm_flops = 0;  // every Linear product through tinylm's (linear_uses_gemm)
   policy.bf16_products = bf16;
@@ -259,10 +260,7 @@ void check_gradients_in_place(bool bf16) {
     }
   };
   Twice one, two;
-  {
-    torch::NoGradGuard g;
-    two.w.copy_(one.w);
-  }
+  copy_parameters(one, two);
   auto opt_two = train::make_flat_adam(two, c);
   opt_two->zero_grad();
   const auto x = torch::randn({48, 32});
@@ -282,11 +280,7 @@ TEST_CASE("flat Adam: the reference model's fused loss writes every gradient in 
           "[train][optim][fused]") {
   torch::manual_seed(6);
   nn::TinyAttentionLM a(nn::TinyAttentionLMOptions(20, 8, 16, 2)), b(nn::TinyAttentionLMOptions(20, 8, 16, 2));
-  {
-    torch::NoGradGuard g;
-    auto src = a->named_parameters();
-    for (auto& p : b->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  copy_parameters(*a, *b);
   train::AdamConfig c;
   auto opt = train::make_flat_adam(*b, c);
   const auto flat = b->parameters().front().grad().storage();
