@@ -109,3 +109,34 @@ TEST_CASE("LayerNorm on tinylm's loops: the same bits on one thread and on two",
     CHECK(torch::equal(runs[0][i], runs[1][i]));
   }
 }
+
+TEST_CASE("LayerNorm on tinylm's loops: a row's output and gradient are the same bits alone as among others",
+          "[nn][layer_norm]") {
+  // The loops take short rows in blocks (their sums side by side) and long ones one at a
+  // time; a row must not see which.
+  const CpuIsa isa = GENERATE(from_range(runnable_isas()));
+  const int64_t D = GENERATE(128, 37, 300);  // blocked, blocked with a tail, one at a time
+  const bool residual = GENERATE(true, false);
+  const bool rms = GENERATE(false, true);
+  KernelGuard guard(isa);
+  INFO("loops " << to_string(isa) << " D " << D << " residual " << residual << " rms " << rms);
+  const int64_t rows = 21;  // blocks of 8 and of 4, and rows left over
+  torch::manual_seed(D);
+  Inputs all(rows, D, true);
+  auto upstream = torch::randn({2, rows, D});
+  auto normed = [&](const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, const torch::Tensor& b) {
+    return residual ? add_layer_norm(x, r, w, b, 1e-5, KernelPolicy{}, rms).second
+                    : layer_norm(x, w, b, 1e-5, KernelPolicy{}, rms);
+  };
+  auto y = normed(all.x, all.r, all.weight, all.bias);
+  y.backward(upstream);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < rows; ++i) {
+      INFO("batch " << b << " row " << i);
+      auto x = all.x.detach()[b][i].clone().requires_grad_(), r = all.r.detach()[b][i].clone();
+      auto alone = normed(x, r, all.weight.detach(), all.bias.detach());
+      alone.backward(upstream[b][i]);
+      CHECK(torch::equal(alone, y.detach()[b][i]));
+      CHECK(torch::equal(x.grad(), all.x.grad()[b][i]));
+    }
+}
