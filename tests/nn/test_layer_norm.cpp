@@ -112,15 +112,16 @@ TEST_CASE("LayerNorm on tinylm's loops: the same bits on one thread and on two",
 
 TEST_CASE("LayerNorm on tinylm's loops: a row's output and gradient are the same bits alone as among others",
           "[nn][layer_norm]") {
-  // The loops take short rows in blocks (their sums side by side) and long ones one at a
-  // time; a row must not see which.
+  // Each row's result depends on that row alone, not on the rows a call takes with it (a
+  // kernel that took one row's statistics for another's, or blocked rows in a way that
+  // changed their sums, fails here).
   const CpuIsa isa = GENERATE(from_range(runnable_isas()));
-  const int64_t D = GENERATE(128, 37, 300);  // blocked, blocked with a tail, one at a time
+  const int64_t D = GENERATE(128, 37, 300);  // whole vectors, a tail, longer rows
   const bool residual = GENERATE(true, false);
   const bool rms = GENERATE(false, true);
   KernelGuard guard(isa);
   INFO("loops " << to_string(isa) << " D " << D << " residual " << residual << " rms " << rms);
-  const int64_t rows = 21;  // blocks of 8 and of 4, and rows left over
+  const int64_t rows = 21;
   torch::manual_seed(D);
   Inputs all(rows, D, true);
   auto upstream = torch::randn({2, rows, D});
