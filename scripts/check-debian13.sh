@@ -86,9 +86,20 @@ in_root() {
 
 make_root() {
   if [ "$cuda" = 1 ] && [ -f "$cpu_root/.tinylm-root-ready" ]; then
+    # Under the CPU root's lock: a run testing in that root has /proc, /sys and /dev mounted
+    # in it and may be installing packages (CI's roots job met its debian13 leg so once, and
+    # copying /proc/kcore filled the disk). -x: nothing from another file system, whatever
+    # is mounted there.
+    local cpu_lock
+    exec {cpu_lock}> "$cpu_root.lock"
+    flock -n "$cpu_lock" || {
+      echo "$name: waiting for the run that holds $cpu_root.lock before copying it (up to 40 min)"
+      flock -w 2400 "$cpu_lock" || { echo "$name: $cpu_root.lock is still held after 40 min" >&2; return 1; }
+    }
     echo "$name: copying the Debian 13 root $cpu_root to $root"
     rm -rf "$root"
-    cp -a --reflink=auto "$cpu_root" "$root" || return
+    cp -a -x --reflink=auto "$cpu_root" "$root" || return
+    exec {cpu_lock}>&-
     rm -f "$root/.tinylm-root-ready"
     return
   fi
