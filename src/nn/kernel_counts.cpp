@@ -10,7 +10,8 @@ namespace tinylm::nn {
 
 namespace {
 
-std::atomic<int64_t> g_gemm[4], g_gemm_bf16, g_gemm_bf16_ns, g_attention_blas, g_attention_loops, g_attention_bf16;
+std::atomic<int64_t> g_gemm[4], g_gemm_bf16, g_gemm_bf16_ns, g_attention_blas, g_attention_loops, g_attention_bf16,
+    g_fused_models;
 
 }  // namespace
 
@@ -28,6 +29,8 @@ void count_attention_products(bool blas, bool bf16) {
   if (bf16) g_attention_bf16.fetch_add(1, std::memory_order_relaxed);
 }
 
+void count_fused_model() { g_fused_models.fetch_add(1, std::memory_order_relaxed); }
+
 KernelCounts kernel_counts() {
   KernelCounts c;
   c.gemm_libxsmm = g_gemm[static_cast<int>(GemmBackend::libxsmm)].load(std::memory_order_relaxed);
@@ -38,6 +41,7 @@ KernelCounts kernel_counts() {
   c.attention_blas = g_attention_blas.load(std::memory_order_relaxed);
   c.attention_loops = g_attention_loops.load(std::memory_order_relaxed);
   c.attention_bf16 = g_attention_bf16.load(std::memory_order_relaxed);
+  c.fused_models = g_fused_models.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -51,6 +55,7 @@ KernelCounts KernelCounts::operator-(const KernelCounts& o) const {
   d.attention_blas = attention_blas - o.attention_blas;
   d.attention_loops = attention_loops - o.attention_loops;
   d.attention_bf16 = attention_bf16 - o.attention_bf16;
+  d.fused_models = fused_models - o.fused_models;
   return d;
 }
 

@@ -13,5 +13,7 @@ void count_bf16_gemm(double seconds);
 /// One fused-attention pass (forward or backward) with its T x T products through BLAS,
 /// or through the loops (on bfloat16 operands with `bf16`).
 void count_attention_products(bool blas, bool bf16 = false);
+/// One whole-model fused loss (its forward).
+void count_fused_model();
 
 }  // namespace tinylm::nn

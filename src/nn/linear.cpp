@@ -4,6 +4,7 @@
 //   backward: dx = dy W;  dW = dyᵀ x;  db = Σ_rows dy
 #include "nn/linear.h"
 
+#include "nn/bf16_operands.h"
 #include "nn/cpu/kernels.h"
 #include "nn/float_data.h"
 #include "nn/gelu.h"
@@ -31,12 +32,10 @@
 
 namespace tinylm::nn {
 
-namespace {
-
 uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-/// x as bfloat16 (round_to_bf16; on CUDA LibTorch's conversion, which rounds to nearest
-/// even too), contiguous, in a kBFloat16 tensor.
+// ---- bfloat16 operands (bf16_operands.h) ---------------------------------------
+
 torch::Tensor rounded(const torch::Tensor& x) {
   if (x.is_cuda()) return x.to(torch::kBFloat16).contiguous();
   const auto c = x.contiguous();
@@ -45,18 +44,11 @@ torch::Tensor rounded(const torch::Tensor& x) {
   return out;
 }
 
-/// dy (M x N) rounded as rounded() rounds it, and its column sums (a bias gradient, N) in
-/// the same pass: blocks of kRows rows over the threads, each block's sums in row order,
-/// the blocks' added in block order (the same sums at every thread count). With `gelu_of`
-/// (M x N, what GELU was given), dy is first multiplied by GELU's slope there, block by
-/// block in a buffer of the thread's: the gradient that reaches GELU's input, never
-/// written out in float32. With `sums` false the column sums are neither made nor
-/// returned (no bias to take them).
+/// Rows per block of rounded_with_column_sums (each block's column sums apart).
 constexpr int64_t kSumRows = 32;
 
-std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy,
-                                                                 const torch::Tensor& gelu_of = {},
-                                                                 bool exact = true, bool sums_wanted = true) {
+std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy, const torch::Tensor& gelu_of,
+                                                                 bool exact, bool sums_wanted) {
   const auto c = dy.contiguous();
   const int64_t M = c.size(0), N = c.size(1), blocks = (M + kSumRows - 1) / kSumRows;
   auto out = torch::empty({M, N}, c.options().dtype(torch::kBFloat16).requires_grad(false));
@@ -89,7 +81,6 @@ std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Te
   return {out, total};
 }
 
-/// gelu(a) rounded to bfloat16 (M x N, packed); GELU's float32 result only a chunk at a time, in a thread's buffer.
 torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
   constexpr int64_t kChunk = 4096;
   auto out = torch::empty(a.sizes(), a.options().dtype(torch::kBFloat16).requires_grad(false));
@@ -106,6 +97,8 @@ torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
   });
   return out;
 }
+
+namespace {
 
 /// y (M x N) viewed with x's leading dimensions: (..., N) for x (..., K).
 torch::Tensor rows_as(const torch::Tensor& y, const torch::Tensor& x) {
@@ -185,9 +178,13 @@ WeightCopies& weight_copies() {
   return *copies;
 }
 
+}  // namespace
+
 torch::Tensor rounded_weight(const torch::Tensor& w) {
   return weight_copies().of(w, Copy::rounded, [&] { return rounded(w); });
 }
+
+namespace {
 
 /// One Linear layer as an autograd op, its three products on tinylm's gemm as `policy`
 /// chooses, or with policy.bf16_products in bfloat16: x and dy rounded as they come, W once

@@ -8,6 +8,7 @@
 #include "internal/text.h"
 #include "nn/cpu/kernels.h"
 #include "nn/fused_tiny_lm.h"
+#include "nn/fused_transformer_lm.h"
 #include "nn/linear.h"
 #include "nn/token_ids.h"
 
@@ -577,6 +578,62 @@ torch::Tensor TransformerLMImpl::hidden(const torch::Tensor& ids, const torch::T
     if (weights) weights->push_back(r.weights);                    // (B, H, T, T)
   }
   return ln_f(x);                                                  // (B, T, D)
+}
+
+namespace {
+
+/// The model's tensors for fused_transformer_lm_loss where ids (B, T) and the model's
+/// settings take it: exactly where each attention would run its fused kernel and nothing
+/// the op leaves out (dropout, rotary or grouped heads, SwiGLU, post-LN) is in use.
+std::optional<FusedTransformerLMTensors> fused_tensors(TransformerLMImpl& m, const torch::Tensor& ids,
+                                                       const KernelPolicy& policy) {
+  const auto& o = m.options;
+  const auto& block = o.block();
+  const auto& attention = block.attention();
+  const int64_t T = ids.size(1);
+  const bool training = m.is_training();
+  if (!torch::GradMode::is_enabled() || !block.pre_ln() || o.positions() == PositionEncoding::rotary ||
+      block.mlp().activation() == Activation::swiglu || !attention.causal() ||
+      (attention.n_kv_heads() != 0 && attention.n_kv_heads() != attention.n_heads()) || attention.rotary_base() != 0 ||
+      !block.norm().gain() ||
+      (training && (o.dropout() > 0 || attention.attn_dropout() > 0 || attention.out_dropout() > 0 ||
+                    block.mlp().dropout() > 0)))
+    return std::nullopt;
+  AttentionCall call;
+  call.fused_supported = m.token_embedding->weight.device().is_cpu() &&
+                         m.token_embedding->weight.scalar_type() == torch::kFloat32;
+  call.seq_len = T;
+  call.grad_enabled = true;
+  if (policy.attention_kernel(attention.kernel(), call) != AttentionKernel::fused) return std::nullopt;
+  FusedTransformerLMTensors t;
+  t.embedding = m.token_embedding->weight;
+  if (m.learned_positions) t.positions = m.learned_positions(T);
+  if (m.sinusoidal_positions) t.positions = m.sinusoidal_positions(T);
+  for (const auto& module : *m.blocks) {
+    const auto& b = *module->as<TransformerBlock>();
+    t.blocks.push_back({b.ln1->weight, b.ln1->bias, b.attn->qkv_proj->weight, b.attn->qkv_proj->bias,
+                        b.attn->out_proj->weight, b.attn->out_proj->bias, b.ln2->weight, b.ln2->bias,
+                        b.mlp->fc->weight, b.mlp->fc->bias, b.mlp->proj->weight, b.mlp->proj->bias});
+  }
+  t.final_gain = m.ln_f->weight;
+  t.final_bias = m.ln_f->bias;
+  if (!o.tie_weights()) t.head_weight = m.lm_head->weight;
+  t.n_heads = attention.n_heads();
+  t.eps = block.norm().eps();
+  t.center = block.norm().kind() != NormKind::rms_norm;
+  t.gelu_exact = block.mlp().activation() == Activation::gelu;
+  t.ignore_target = kIgnoreTarget;
+  if (!fused_transformer_lm_supported(t, T, policy)) return std::nullopt;
+  return t;
+}
+
+}  // namespace
+
+torch::Tensor TransformerLMImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  check_token_ids("TransformerLM", ids, options.vocab_size(), options.context_length());
+  if (const auto tensors = fused_tensors(*this, ids, *policy_))
+    return fused_transformer_lm_loss(*tensors, ids, targets, *policy_);
+  return LanguageModelImpl::loss(ids, targets);
 }
 
 LMOutput TransformerLMImpl::forward(const torch::Tensor& ids, bool return_weights,

@@ -79,6 +79,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
 struct KernelCounts {
   int64_t gemm_libxsmm = 0, gemm_blas = 0, gemm_hand = 0, gemm_bf16 = 0;
   int64_t attention_blas = 0, attention_loops = 0, attention_bf16 = 0;
+  /// Whole-model fused losses run (KernelPolicy::fuse_whole_model): the TransformerLM's.
+  int64_t fused_models = 0;
   /// Seconds inside gemm_bf16's products (their calls' wall times, summed over calls).
   double gemm_bf16_seconds = 0;
   KernelCounts operator-(const KernelCounts& earlier) const;

@@ -96,7 +96,9 @@ struct KernelPolicy {
   /// wherever the queries and keys are float32 on the CPU (else LibTorch's ops).
   bool rotary_loops = true;
   /// The tiny model's training loss as one op (embedding to cross-entropy) wherever its
-  /// attention would run the fused kernel with its T x T products on the loops.
+  /// attention would run the fused kernel with its T x T products on the loops; and the
+  /// pre-LN TransformerLM's, with bfloat16 products on the CPU, where its blocks are what
+  /// that op computes (TransformerLMImpl::loss).
   bool fuse_whole_model = true;
 
   /// The kernel that runs `call` when `requested` is asked for.

@@ -308,6 +308,10 @@ class TransformerLMImpl : public CloneableLanguageModel<TransformerLMImpl> {
                        std::vector<torch::Tensor>* weights = nullptr);
   /// The LM head's weight (V, D): the token embedding's own tensor when tied.
   torch::Tensor lm_head_weight() const;
+  /// Training's loss: where the model and the policy allow (pre-LN blocks with GELU and
+  /// plain causal attention, no dropout, bfloat16 products on the CPU, autograd on), the
+  /// whole model as one op with the same arithmetic; else LanguageModel's.
+  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets) override;
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t context_length() const override { return options.context_length(); }
   torch::Tensor forward_cached(const torch::Tensor& ids, KVCache& cache) override;
