@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <map>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -103,10 +105,20 @@ bool cpu_has_bf16() {
 #endif
 }
 
+/// A product's primitive, its implementation's name, and its operands' memory objects
+/// (made with it; each call sets their pointers: making them took a few microseconds of
+/// the one thread between parallel regions, per product).
+struct Bf16Product {
+  dnnl::matmul matmul;
+  std::string impl;
+  dnnl::memory a, b, c, bias;
+  std::unordered_map<int, dnnl::memory> args;  // the same objects, by oneDNN's argument
+};
+
 struct Bf16Thread {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<std::vector<int64_t>, std::pair<dnnl::matmul, std::string>> products;
+  std::map<std::array<int64_t, 11>, Bf16Product> products;
 };
 
 Bf16Thread& bf16_thread() {
@@ -123,10 +135,9 @@ dnnl::memory::desc operand(bool trans, int64_t rows, int64_t cols, int64_t ld, d
 /// The primitive for C (M x N, row stride ldc) (+)= op(A) op(B) (+ a bias row), made once
 /// per shape, thread and intra-op thread count: oneDNN fixes a primitive's split over the
 /// threads when it makes it, so one made under 1 thread would run on 1 thread ever after.
-std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                                                   int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
-                                                   bool bias = false) {
-  const std::vector<int64_t> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate, bias, at::get_num_threads()};
+Bf16Product& bf16_product(Bf16Thread& t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                          int64_t ldc, bool accumulate, bool bias = false) {
+  const std::array<int64_t, 11> key{ta, tb, M, N, K, lda, ldb, ldc, accumulate, bias, at::get_num_threads()};
   auto it = t.products.find(key);
   if (it != t.products.end()) return it->second;
   // A server sees many shapes (prompt lengths, batch widths): the cache is bounded.
@@ -148,7 +159,13 @@ std::pair<dnnl::matmul, std::string>& bf16_product(Bf16Thread& t, bool ta, bool 
   const auto pd = bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias_row, c), attr, t.engine)
                        : dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, t.engine);
 #endif
-  return t.products.emplace(key, std::make_pair(dnnl::matmul(pd), std::string(pd.impl_info_str()))).first->second;
+  // (memory objects made on no data: each call sets theirs)
+  Bf16Product p{dnnl::matmul(pd), pd.impl_info_str(), dnnl::memory(a, t.engine, DNNL_MEMORY_NONE),
+                dnnl::memory(b, t.engine, DNNL_MEMORY_NONE), dnnl::memory(c, t.engine, DNNL_MEMORY_NONE),
+                dnnl::memory(bias_row, t.engine, DNNL_MEMORY_NONE), {}};
+  p.args = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
+  if (bias) p.args.emplace(DNNL_ARG_BIAS, p.bias);
+  return t.products.emplace(key, std::move(p)).first->second;
 }
 
 /// Why oneDNN's bfloat16 products do not run here ("" where they do).
@@ -162,18 +179,13 @@ std::string native_missing() {
 void native_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                       const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool accumulate, const float* bias) {
   auto& t = bf16_thread();
-  auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr).first;
-  using dt = dnnl::memory::data_type;
+  auto& p = bf16_product(t, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr);
   // oneDNN reads the operands only; its memory objects take non-const pointers.
-  dnnl::memory a(operand(trans_a, M, K, lda, dt::bf16), t.engine, const_cast<uint16_t*>(A));
-  dnnl::memory b(operand(trans_b, K, N, ldb, dt::bf16), t.engine, const_cast<uint16_t*>(B));
-  dnnl::memory c(operand(false, M, N, ldc, dt::f32), t.engine, C);
-  if (bias) {
-    dnnl::memory row(operand(false, 1, N, N, dt::f32), t.engine, const_cast<float*>(bias));
-    p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_BIAS, row}, {DNNL_ARG_DST, c}});
-  } else {
-    p.execute(t.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  }
+  p.a.set_data_handle(const_cast<uint16_t*>(A));
+  p.b.set_data_handle(const_cast<uint16_t*>(B));
+  p.c.set_data_handle(C);
+  if (bias) p.bias.set_data_handle(const_cast<float*>(bias));
+  p.matmul.execute(t.stream, p.args);
   t.stream.wait();
 }
 
@@ -185,7 +197,7 @@ std::string native_description() {
   native_gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, false, nullptr);
   auto& t = bf16_thread();
   return "bfloat16 products: oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + " (" +
-         bf16_product(t, false, false, n, n, n, n, n, n, false).second + " at 256 x 256 x 256)";
+         bf16_product(t, false, false, n, n, n, n, n, n, false).impl + " at 256 x 256 x 256)";
 }
 
 }  // namespace
