@@ -22,6 +22,14 @@ torch::Tensor rounded(const torch::Tensor& x);
 /// changed (its version counter moved): once per optimizer step in training.
 torch::Tensor rounded_weight(const torch::Tensor& w);
 
+/// Whether a bfloat16 copy of w is kept (a product has used one since w was made), current
+/// or not: what an optimizer asks before providing the next.
+bool keeps_rounded_weight(const torch::Tensor& w);
+
+/// `copy` (w rounded as rounded() rounds it: the optimizer's, made as it updates w) as w's
+/// bfloat16 copy at w's version now: rounded_weight(w) then returns it until w changes.
+void provide_rounded_weight(const torch::Tensor& w, const torch::Tensor& copy);
+
 /// dy (M x N, float32 CPU) rounded as rounded() rounds it, and its column sums (a bias
 /// gradient, N) in the same pass: blocks of rows over the threads, each block's sums in
 /// row order, the blocks' added in block order (the same sums at every thread count). With

@@ -32,72 +32,6 @@
 
 namespace tinylm::nn {
 
-uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
-// ---- bfloat16 operands (bf16_operands.h) ---------------------------------------
-
-torch::Tensor rounded(const torch::Tensor& x) {
-  if (x.is_cuda()) return x.to(torch::kBFloat16).contiguous();
-  const auto c = x.contiguous();
-  auto out = torch::empty(c.sizes(), c.options().dtype(torch::kBFloat16).requires_grad(false));
-  round_to_bf16(c.data_ptr<float>(), bits(out), c.numel());
-  return out;
-}
-
-/// Rows per block of rounded_with_column_sums (each block's column sums apart).
-constexpr int64_t kSumRows = 32;
-
-std::pair<torch::Tensor, torch::Tensor> rounded_with_column_sums(const torch::Tensor& dy, const torch::Tensor& gelu_of,
-                                                                 bool exact, bool sums_wanted) {
-  const auto c = dy.contiguous();
-  const int64_t M = c.size(0), N = c.size(1), blocks = (M + kSumRows - 1) / kSumRows;
-  auto out = torch::empty({M, N}, c.options().dtype(torch::kBFloat16).requires_grad(false));
-  auto partial = sums_wanted ? torch::zeros({blocks, N}, c.options().requires_grad(false)) : torch::Tensor();
-  const auto& table = cpu::bf16_table();  // its rounding in one instruction where it can
-  const float* x = c.data_ptr<float>();
-  const float* pre = gelu_of.defined() ? gelu_of.data_ptr<float>() : nullptr;
-  uint16_t* y = bits(out);
-  float* sums = sums_wanted ? partial.data_ptr<float>() : nullptr;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> slope(pre ? static_cast<size_t>(kSumRows * N) : 0);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t row = b * kSumRows, rows = std::min(kSumRows, M - row);
-      const float* from = x + row * N;
-      if (pre) {
-        table.gelu_backward(pre + row * N, from, slope.data(), rows * N, exact);
-        from = slope.data();
-      }
-      if (sums)
-        table.round_bf16_colsum(from, y + row * N, rows, N, sums + b * N);
-      else
-        table.round_bf16(from, y + row * N, rows * N);
-    }
-  });
-  if (!sums_wanted) return {out, torch::Tensor()};
-  auto total = partial[0].clone();  // block 0's sums, then the others' added in order
-  float* t = total.data_ptr<float>();
-  for (int64_t b = 1; b < blocks; ++b)
-    for (int64_t j = 0; j < N; ++j) t[j] += sums[b * N + j];
-  return {out, total};
-}
-
-torch::Tensor gelu_rounded(const torch::Tensor& a, bool exact) {
-  constexpr int64_t kChunk = 4096;
-  auto out = torch::empty(a.sizes(), a.options().dtype(torch::kBFloat16).requires_grad(false));
-  const auto& table = cpu::bf16_table();  // its rounding in one instruction where it can
-  const float* in = a.data_ptr<float>();
-  uint16_t* y = bits(out);
-  at::parallel_for(0, a.numel(), 4 * kChunk, [&](int64_t begin, int64_t end) {
-    float buffer[kChunk];
-    for (int64_t i = begin; i < end; i += kChunk) {
-      const int64_t n = std::min(kChunk, end - i);
-      table.gelu_forward(in + i, buffer, n, exact);
-      table.round_bf16(buffer, y + i, n);
-    }
-  });
-  return out;
-}
-
 namespace {
 
 /// y (M x N) viewed with x's leading dimensions: (..., N) for x (..., K).
@@ -150,6 +84,28 @@ class WeightCopies {
     return copy;
   }
 
+  /// Whether a copy of this kind of w is kept, current or not.
+  bool keeps(const torch::Tensor& w, Copy kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.count(Key{w.unsafeGetTensorImpl(), kind}) > 0;
+  }
+
+  /// `copy` (made elsewhere) as w's copy of this kind at w's version now.
+  void provide(const torch::Tensor& w, Copy kind, const torch::Tensor& copy) {
+    if (w.is_inference()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Key key{w.unsafeGetTensorImpl(), kind};
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      kept_ -= it->second.copy.nbytes();
+      entries_.erase(it);
+    }
+    if (kept_ + copy.nbytes() > kKeptBytes) return;
+    kept_ += copy.nbytes();
+    entries_.emplace(key, Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), w._version(),
+                                w.data_ptr(), w.sizes().vec(), copy});
+  }
+
  private:
   struct Key {
     const c10::TensorImpl* impl;
@@ -182,6 +138,15 @@ WeightCopies& weight_copies() {
 
 torch::Tensor rounded_weight(const torch::Tensor& w) {
   return weight_copies().of(w, Copy::rounded, [&] { return rounded(w); });
+}
+
+bool keeps_rounded_weight(const torch::Tensor& w) { return weight_copies().keeps(w, Copy::rounded); }
+
+void provide_rounded_weight(const torch::Tensor& w, const torch::Tensor& copy) {
+  TORCH_CHECK(copy.scalar_type() == torch::kBFloat16 && copy.sizes() == w.sizes() && copy.device() == w.device(),
+              "provide_rounded_weight: a bfloat16 copy of the weight's shape ", w.sizes(), " and device, got ",
+              copy.scalar_type(), " ", copy.sizes());
+  weight_copies().provide(w, Copy::rounded, copy);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // a saved state fits the model (entry, step_entry) and which parameters AdamW decays.
 #include <tinylm/train/optimizer.h>
 
+#include "nn/bf16_operands.h"
 #include "nn/cpu/kernels.h"
 #include "nn/gradient_slots.h"
 
@@ -283,7 +284,7 @@ class FlatAdam final : public Optimizer {
   /// The gradients' global L2 norm, and the factor that brings it to max_norm (1 under it).
   std::pair<double, double> norm_and_clip_factor(double max_norm) const {
     gather_gradients();
-    const double norm = grads_.norm().item<double>();
+    const double norm = gradient_norm();
     return {norm, norm > max_norm ? max_norm / (norm + 1e-6) : 1.0};
   }
 
@@ -300,6 +301,8 @@ class FlatAdam final : public Optimizer {
     const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
     const double decay = c_.decoupled ? lr * c_.weight_decay : 0.0;
     torch::NoGradGuard no_grad;
+    std::vector<char> keeps;  // which parameters' bfloat16 copies the update provides
+    bool round = false;
     if (runs_loops()) {
       // Layouts: p, g, m, v are flat float32 arrays of N values, one per parameter
       // element, the model's parameters end to end in named_parameters() order; AdamW
@@ -319,6 +322,15 @@ class FlatAdam final : public Optimizer {
       plain.decay = 0.f;
       const auto& k = nn::cpu::table();
       const auto& spans = decay_spans_;
+      // Where bfloat16 products keep copies of weights (nn::rounded_weight), every parameter
+      // is rounded in this pass too, each chunk while it is in cache: the copies are then
+      // provided below, and no weight is read again to round it.
+      keeps.resize(watched_.size());
+      for (size_t i = 0; i < watched_.size(); ++i) keeps[i] = nn::keeps_rounded_weight(watched_[i]);
+      round = std::find(keeps.begin(), keeps.end(), 1) != keeps.end();
+      if (round && !rounded_.defined()) rounded_ = torch::empty({params_.numel()}, params_.options().dtype(torch::kBFloat16));
+      uint16_t* p16 = round ? nn::bits(rounded_) : nullptr;
+      const auto& k16 = nn::cpu::bf16_table();
       at::parallel_for(0, params_.numel(), 16384, [&](int64_t begin, int64_t end) {
         // The first decayed span that ends past `begin`, then this chunk's pieces in turn.
         auto span = std::upper_bound(spans.begin(), spans.end(), begin,
@@ -330,6 +342,7 @@ class FlatAdam final : public Optimizer {
           if (in_span && stop == span->second) ++span;
           i = stop;
         }
+        if (p16) k16.round_bf16(p + begin, p16 + begin, end - begin);
       });
     } else {
       // Other devices and dtypes: the same update as a handful of ops on the flat buffers.
@@ -342,6 +355,13 @@ class FlatAdam final : public Optimizer {
     // version counter apart from the flat buffer's): say so, as an in-place op would, for
     // what keeps a copy until the weight changes (the bfloat16 weights of nn::linear).
     for (auto& param : watched_) param.unsafeGetTensorImpl()->bump_version();
+    if (!round) return;
+    int64_t offset = 0;  // the copies rounded above, for the versions now
+    for (size_t i = 0; i < watched_.size(); ++i) {
+      if (keeps[i])
+        nn::provide_rounded_weight(watched_[i], rounded_.narrow(0, offset, numels_[i]).view(watched_[i].sizes()));
+      offset += numels_[i];
+    }
   }
 
   /// step, exp_avg and exp_avg_sq (flat, N), and the parameter sizes they cover.
@@ -424,6 +444,31 @@ class FlatAdam final : public Optimizer {
   }
 
   /// The update runs on tinylm's CPU loops (float32 on the CPU), else as LibTorch ops.
+  /// The flat gradients' L2 norm. On the CPU's loops: blocks of kNormBlock squares, each
+  /// summed in double on a thread, the blocks' sums added in order (the same bits at every
+  /// thread count): one pass over the threads, where LibTorch's norm ran on one thread
+  /// while the other waited (a hundredth of nanoGPT's step).
+  double gradient_norm() const {
+    if (!runs_loops()) return grads_.norm().item<double>();
+    constexpr int64_t kNormBlock = 16384;
+    const int64_t n = grads_.numel(), blocks = (n + kNormBlock - 1) / kNormBlock;
+    std::vector<double> sums(static_cast<size_t>(blocks));
+    const float* g = grads_.data_ptr<float>();
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const float* x = g + b * kNormBlock;
+        const int64_t m = std::min(kNormBlock, n - b * kNormBlock);
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < m; ++i) s += static_cast<double>(x[i]) * x[i];
+        sums[static_cast<size_t>(b)] = s;
+      }
+    });
+    double total = 0;
+    for (const double s : sums) total += s;
+    return std::sqrt(total);
+  }
+
   bool runs_loops() const { return params_.device().is_cpu() && params_.scalar_type() == torch::kFloat32; }
 
   std::vector<std::string> names_;
@@ -432,6 +477,7 @@ class FlatAdam final : public Optimizer {
   std::vector<torch::Tensor> grad_slots_;           // each one's gradient's place in grads_
   AdamConfig c_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;  // flat (N)
+  torch::Tensor rounded_;  // flat (N) bfloat16: params_ rounded by the update, where products keep copies
   torch::Tensor decay_;  // flat (N), 1 where AdamW decays: off the CPU's loops only
   std::vector<std::pair<int64_t, int64_t>> decay_spans_;  // [begin, end) where AdamW decays, in order
   std::string layout_;           // "name:numel" lines: what format-1 files recorded

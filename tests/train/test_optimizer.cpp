@@ -1,6 +1,7 @@
 // src/train/optimizer.cpp: flat Adam/AdamW against LibTorch's, weight decay, refusals.
 #include "../test_util.h"
 #include "core_runs.h"
+#include "nn/bf16_operands.h"
 #include "nn/linear.h"
 
 #include <tinylm/nn/cpu_kernels.h>
@@ -312,6 +313,50 @@ TEST_CASE("flat Adam with bfloat16 products: weight gradients written in its buf
     return;
   }
   check_gradients_in_place(true);
+}
+
+TEST_CASE("flat Adam rounds the weights bfloat16 products use as it updates them: their copies, bit for bit",
+          "[train][optim][fused][bf16]") {
+  if (!nn::bf16_products_missing().empty()) return;  // (the case above checks the refusal)
+  torch::manual_seed(8);
+  KernelPolicy policy;
+  policy.bf16_products = true;
+  TransformerLM m(TransformerLMOptions(40, 16, 16, 2, 2).kernel_policy(policy));
+  train::AdamConfig c;
+  c.lr = 1e-2;
+  auto opt = train::make_flat_adam(*m, c);
+  const auto qkv = m->blocks[0]->as<TransformerBlock>()->attn->qkv_proj->weight;
+  const auto norm_gain = m->blocks[0]->as<TransformerBlock>()->ln1->weight;
+  for (int step = 0; step < 3; ++step) {
+    opt->zero_grad();
+    auto ids = torch::randint(40, {2, 16}, torch::kLong);
+    m->loss(ids, ids).backward();
+    opt->step(c.lr);
+    // Every weight a product used has a copy now, the update's: the weight rounded, bit for
+    // bit, in one buffer (the update's own), for the weight's new version.
+    for (const auto& p : m->named_parameters()) {
+      INFO("step " << step << " parameter " << p.key());
+      // (the Linear layers' weights and the embedding, the tied head's; not the positions,
+      // the gains or the biases, which no product reads)
+      if (p.value().dim() != 2 || p.key().find("positions") != std::string::npos) {
+        CHECK_FALSE(nn::keeps_rounded_weight(p.value()));
+        continue;
+      }
+      REQUIRE(nn::keeps_rounded_weight(p.value()));
+      const auto copy = nn::rounded_weight(p.value());
+      CHECK(torch::equal(copy, nn::rounded(p.value())));
+      CHECK(copy.is_alias_of(nn::rounded_weight(qkv)));
+    }
+  }
+  CHECK_FALSE(nn::keeps_rounded_weight(norm_gain));
+  // A weight changed elsewhere is rounded again, not served the update's stale copy.
+  {
+    torch::NoGradGuard no_grad;
+    qkv.add_(1.0);
+  }
+  const auto again = nn::rounded_weight(qkv);
+  CHECK(torch::equal(again, nn::rounded(qkv)));
+  CHECK_FALSE(again.is_alias_of(nn::rounded_weight(m->blocks[0]->as<TransformerBlock>()->attn->out_proj->weight)));
 }
 
 TEST_CASE("AdamW decays matrices only, not biases, norms or embeddings", "[train][optim]") {
