@@ -24,6 +24,7 @@
 #include "nn/float_data.h"
 #include "nn/gradient_slots.h"
 #include "nn/kernel_counts.h"
+#include "nn/layer_norm.h"
 #include "nn/token_ids.h"
 
 #include <ATen/Parallel.h>
@@ -90,10 +91,6 @@ void norm_rounded(const float* x, const float* r, float* h, const float* gain, c
   });
 }
 
-/// Rows per block of the norm's backward: each block sums its gain and bias gradients
-/// apart, the blocks added in order (the same bits at any thread count), as LayerNorm's op.
-constexpr int64_t kNormBlockRows = 64;
-
 /// rows x cols floats rounded into x16, and where `sums` is given their column sums (in
 /// row order) added into it.
 void round_rows(const float* x, uint16_t* x16, int64_t rows, int64_t cols, float* sums) {
@@ -111,32 +108,6 @@ torch::Tensor ordered_sum(const std::vector<float>& partial, int64_t blocks, int
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t i = 0; i < width; ++i) t[i] += partial[b * width + i];
   return total;
-}
-
-/// The norm's backward: dx = the gradient through the norm + dres; the gain's gradient
-/// (D) and the bias's (D, where `dbias` is given). Where dx16 is given, dx rounded too as
-/// each block is made (the next product's operand), and where `dx_sums` is given, dx's
-/// column sums (that product's bias gradient).
-void norm_backward(const float* x, const float* dy, const float* gain, const float* mean, const float* rstd,
-                   const float* dres, float* dx, torch::Tensor& dgain, torch::Tensor* dbias, int64_t rows, int64_t D,
-                   bool center, uint16_t* dx16 = nullptr, torch::Tensor* dx_sums = nullptr) {
-  const int64_t blocks = (rows + kNormBlockRows - 1) / kNormBlockRows, width = dbias ? 2 * D : D;
-  std::vector<float> partial(static_cast<size_t>(blocks * width), 0.f);
-  std::vector<float> dx_partial(dx_sums ? static_cast<size_t>(blocks * D) : 0, 0.f);
-  const auto& k = cpu::table();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t r0 = b * kNormBlockRows, n = std::min(kNormBlockRows, rows - r0);
-      float* sums = partial.data() + b * width;
-      k.layer_norm_backward(x + r0 * D, dy + r0 * D, gain, mean + r0, rstd + r0, dres ? dres + r0 * D : nullptr,
-                            dx + r0 * D, sums, dbias ? sums + D : nullptr, n, D, center);
-      if (dx16) round_rows(dx + r0 * D, dx16 + r0 * D, n, D, dx_sums ? dx_partial.data() + b * D : nullptr);
-    }
-  });
-  const auto total = ordered_sum(partial, blocks, width);
-  dgain = total.narrow(0, 0, D);
-  if (dbias) *dbias = total.narrow(0, D, D);
-  if (dx_sums) *dx_sums = ordered_sum(dx_partial, blocks, D);
 }
 
 /// Causal attention over qkv (N x 3D) a batch element at a time, its output rounded into
@@ -368,7 +339,7 @@ class FusedTransformerLMLoss : public torch::autograd::Function<FusedTransformer
     {
       const int64_t at = kFirstBlock + L * kPerBlock;
       torch::Tensor dbias;
-      norm_backward(floats(fin[0]), floats(dy), floats(params[at]), floats(fin[1]), floats(fin[2]), nullptr,
+      layer_norm_backward_rows(floats(fin[0]), floats(dy), floats(params[at]), floats(fin[1]), floats(fin[2]), nullptr,
                     floats(dr), grad_of(at), none(params[at + 1]) ? nullptr : &dbias, N, D, center, bits(dm16),
                     proj_bias(L - 1) ? &dpb : nullptr);
       if (dbias.defined()) grad_of(at + 1) = dbias;
@@ -395,7 +366,7 @@ class FusedTransformerLMLoss : public torch::autograd::Function<FusedTransformer
       torch::Tensor dob;
       {
         torch::Tensor dbias;
-        norm_backward(floats(keep[kH2]), floats(dy), floats(p[kLn2Gain]), floats(keep[kMean2]),
+        layer_norm_backward_rows(floats(keep[kH2]), floats(dy), floats(p[kLn2Gain]), floats(keep[kMean2]),
                       floats(keep[kRstd2]), floats(dr), floats(dh2), grad_of(at + kLn2Gain),
                       none(p[kLn2Bias]) ? nullptr : &dbias, N, D, center, bits(do16),
                       none(p[kOutB]) ? nullptr : &dob);
@@ -420,7 +391,7 @@ class FusedTransformerLMLoss : public torch::autograd::Function<FusedTransformer
       dpb = torch::Tensor();
       {
         torch::Tensor dbias;
-        norm_backward(floats(keep[kH]), floats(dy), floats(p[kLn1Gain]), floats(keep[kMean1]), floats(keep[kRstd1]),
+        layer_norm_backward_rows(floats(keep[kH]), floats(dy), floats(p[kLn1Gain]), floats(keep[kMean1]), floats(keep[kRstd1]),
                       floats(dh2), floats(dnext), grad_of(at + kLn1Gain), none(p[kLn1Bias]) ? nullptr : &dbias, N, D,
                       center, l > 0 ? bits(dm16) : nullptr, l > 0 && proj_bias(l - 1) ? &dpb : nullptr);
         if (dbias.defined()) grad_of(at + kLn1Bias) = dbias;

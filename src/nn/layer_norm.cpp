@@ -10,6 +10,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 namespace tinylm::nn {
 
@@ -69,26 +71,13 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto dy = grads[fused ? 1 : 0];
     dy = dy.defined() ? dy.contiguous() : torch::zeros_like(h);  // y unused, h used
     const auto dh = fused && grads[0].defined() ? grads[0].contiguous() : torch::Tensor();
-    const int64_t D = w.numel(), rows = h.numel() / D, blocks = (rows + kBlockRows - 1) / kBlockRows;
+    const int64_t D = w.numel(), rows = h.numel() / D;
     auto dx = torch::empty_like(h);
-    auto partial = torch::zeros({blocks, has_bias ? 2 : 1, D}, h.options());
-    const auto& k = cpu::table();
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t block = begin; block < end; ++block) {
-        const int64_t r0 = block * kBlockRows, n = std::min(kBlockRows, rows - r0);
-        float* sums = floats(partial) + block * partial.stride(0);
-        k.layer_norm_backward(floats(h) + r0 * D, floats(dy) + r0 * D, floats(w), floats(mean) + r0,
-                              floats(rstd) + r0, dh.defined() ? floats(dh) + r0 * D : nullptr,
-                              floats(dx) + r0 * D, sums, has_bias ? sums + D : nullptr, n, D, center);
-      }
-    });
-    auto sums = torch::zeros({has_bias ? 2 : 1, D}, h.options());
-    float* total = floats(sums);
-    const float* part = floats(partial);
-    const int64_t width = sums.numel();  // the gain's sums, then the bias's
-    for (int64_t block = 0; block < blocks; ++block)  // blocks in order
-      for (int64_t i = 0; i < width; ++i) total[i] += part[block * width + i];
-    return {dx, fused ? dx : torch::Tensor(), sums[0].view_as(w), has_bias ? sums[1].view_as(w) : torch::Tensor(),
+    torch::Tensor dgain, dbias;
+    layer_norm_backward_rows(floats(h), floats(dy), floats(w), floats(mean), floats(rstd),
+                             dh.defined() ? floats(dh) : nullptr, floats(dx), dgain, has_bias ? &dbias : nullptr, rows, D,
+                             center);
+    return {dx, fused ? dx : torch::Tensor(), dgain.view_as(w), has_bias ? dbias.view_as(w) : torch::Tensor(),
             torch::Tensor(), torch::Tensor()};
   }
 };
@@ -121,6 +110,40 @@ torch::autograd::variable_list run_loops(const torch::Tensor& x, const torch::Te
 }
 
 }  // namespace
+
+void layer_norm_backward_rows(const float* x, const float* dy, const float* gain, const float* mean, const float* rstd,
+                              const float* dres, float* dx, torch::Tensor& dgain, torch::Tensor* dbias, int64_t rows,
+                              int64_t D, bool center, uint16_t* dx16, torch::Tensor* dx_sums) {
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows, width = dbias ? 2 * D : D;
+  std::vector<float> partial(static_cast<size_t>(blocks * width), 0.f);
+  std::vector<float> dx_partial(dx_sums ? static_cast<size_t>(blocks * D) : 0, 0.f);
+  const auto& k = cpu::table();
+  const auto& k16 = cpu::bf16_table();  // (its rounding in one instruction where it can)
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t r0 = b * kBlockRows, n = std::min(kBlockRows, rows - r0);
+      float* sums = partial.data() + b * width;
+      k.layer_norm_backward(x + r0 * D, dy + r0 * D, gain, mean + r0, rstd + r0, dres ? dres + r0 * D : nullptr,
+                            dx + r0 * D, sums, dbias ? sums + D : nullptr, n, D, center);
+      if (dx16 && dx_sums)
+        k16.round_bf16_colsum(dx + r0 * D, dx16 + r0 * D, n, D, dx_partial.data() + b * D);
+      else if (dx16)
+        k16.round_bf16(dx + r0 * D, dx16 + r0 * D, n * D);
+    }
+  });
+  // the blocks' sums, in block order
+  auto ordered = [&](const std::vector<float>& part, int64_t w) {
+    auto total = torch::zeros({w}, torch::kFloat32);
+    float* t = total.data_ptr<float>();
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t i = 0; i < w; ++i) t[i] += part[b * w + i];
+    return total;
+  };
+  const auto total = ordered(partial, width);
+  dgain = total.narrow(0, 0, D);
+  if (dbias) *dbias = total.narrow(0, D, D);
+  if (dx_sums) *dx_sums = ordered(dx_partial, D);
+}
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps, const KernelPolicy& policy, bool rms) {

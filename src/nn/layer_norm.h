@@ -7,6 +7,7 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
 #include <utility>
 
 namespace tinylm::nn {
@@ -24,5 +25,16 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r,
                                                        const torch::Tensor& weight, const torch::Tensor& bias,
                                                        double eps, const KernelPolicy& policy, bool rms = false);
+
+/// The loops' backward over `rows` rows of D (float32, packed; x what was normalised, mean
+/// and rstd its rows'): dx = the gradient through the norm + dres (dres may be null); the
+/// gain's gradient (D) into dgain and the bias's into *dbias where dbias is given, each
+/// summed in blocks of rows over the threads and the blocks added in order (the same bits
+/// at any thread count). Where dx16 is given, dx is also rounded to bfloat16 there as each
+/// block is made (the next product's operand), and where dx_sums is given dx's column sums
+/// (that product's bias gradient) go into it, summed the same way.
+void layer_norm_backward_rows(const float* x, const float* dy, const float* gain, const float* mean, const float* rstd,
+                              const float* dres, float* dx, torch::Tensor& dgain, torch::Tensor* dbias, int64_t rows,
+                              int64_t D, bool center, uint16_t* dx16 = nullptr, torch::Tensor* dx_sums = nullptr);
 
 }  // namespace tinylm::nn
